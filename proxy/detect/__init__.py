@@ -1,0 +1,10 @@
+"""The degeneration detector: a pure, incremental library (no I/O, no asyncio, no metrics).
+
+One :class:`Detector` watches one choice of one generation. The proxy feeds it text deltas as
+they stream and acts on the first :class:`Verdict` it returns; :meth:`Detector.finish` gives the
+per-choice :class:`Summary` that the metrics layer records once per stream end.
+"""
+
+from proxy.detect.types import Detector, DetectorConfig, Summary, Verdict
+
+__all__ = ["Detector", "DetectorConfig", "Summary", "Verdict"]
