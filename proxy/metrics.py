@@ -10,6 +10,14 @@ from proxy.records import GenerationRecord
 
 
 class Metrics:
+    def render_quality(self) -> tuple[bytes, str]:
+        """Exposition of the quality registry for ``GET /metrics/quality``: (body, content type)."""
+        return b"", "text/plain; version=0.0.4; charset=utf-8"
+
+    def render_infra(self) -> tuple[bytes, str]:
+        """Exposition of the infrastructure registry for ``GET /metrics``."""
+        return b"", "text/plain; version=0.0.4; charset=utf-8"
+
     def record_generation(self, record: GenerationRecord) -> None:
         """Once per request, when its stream ends (any outcome)."""
 
