@@ -61,7 +61,7 @@ def _detector_settings_model() -> type[BaseSettings]:
     fields: dict[str, Any] = {
         f.name: (f.type, f.default) for f in dataclasses.fields(DetectorConfig)
     }
-    return create_model("DetectorSettings", __base__=BaseSettings, **fields)  # type: ignore[no-any-return,call-overload]
+    return create_model("DetectorSettings", __base__=BaseSettings, **fields)
 
 
 _DetectorSettings = _detector_settings_model()
