@@ -1,0 +1,66 @@
+"""The proxy's exception tree and the OpenAI-shaped error envelope.
+
+    GuardError                      status, OpenAI ``type``, ``param``, ``code``
+    ├── BadRequest        400       malformed JSON, wrong field types, max_tokens over cap (reject)
+    ├── Unauthorized      401       GUARD_API_KEYS set and the key is missing or wrong
+    ├── PayloadTooLarge   413       body over GUARD_MAX_BODY_BYTES
+    └── UpstreamError     502/504   upstream unreachable, timed out, or broke the protocol
+
+Foreign exceptions (httpx, orjson) are translated at the boundary that sees them, so the rest of
+the proxy only ever handles these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+class GuardError(Exception):
+    status = 500
+    type = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code if self.code is not None else self.status,
+            }
+        }
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.to_dict())
+
+
+class BadRequest(GuardError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class Unauthorized(GuardError):
+    status = 401
+    type = "authentication_error"
+
+
+class PayloadTooLarge(GuardError):
+    status = 413
+    type = "invalid_request_error"
+
+
+class UpstreamError(GuardError):
+    status = 502
+    type = "upstream_error"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    type = "upstream_timeout"
