@@ -1,0 +1,356 @@
+"""Request rewriting: pure functions over the client's request dict.
+
+The proxy patches the client's JSON object rather than round-tripping it through a strict model:
+engines accept many extra fields (vLLM's ``extra="allow"``), and a field we don't know about must
+reach the engine exactly as the client sent it. Only the fields the guard relies on are
+type-checked, so a wrong type there is a 400 naming the field instead of a confusing failure
+later in the stream.
+
+What is rewritten, and why:
+
+* ``max_tokens`` — with no limit, vLLM lets a chat request run to the end of the context (128K
+  tokens on Llama-3.1): one loop can hold a slot for half an hour. A missing limit gets a default
+  and an excessive one is clamped (or rejected).
+* a language instruction — models drift into English (or Chinese) on long answers; an explicit
+  instruction in the user's own language measurably reduces that, and the detector is told
+  which language to expect.
+* per-model sampling defaults — operators know which model needs ``repetition_penalty``.
+* ``stream`` + ``stream_options`` — the proxy always reads a stream, with usage in every chunk,
+  so it can stop early and knows exact token counts even for non-streaming clients.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from proxy.errors import BadRequest
+from proxy.language import identify_language
+
+if TYPE_CHECKING:
+    from proxy.settings import Settings
+
+Endpoint = Literal["chat", "completions"]
+
+#: The documented default of OpenAI's and vLLM's ``/v1/completions``; made explicit because other
+#: engines (llama.cpp's server) treat a missing limit as "until the context is full".
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+#: Shortest user message (in characters) worth identifying; shorter ones are too often misjudged.
+_MIN_LANGUAGE_CHARS = 20
+#: Confidence below which ``auto`` stays silent rather than pin the wrong language.
+_MIN_LANGUAGE_CONFIDENCE = 0.80
+
+LANGUAGE_INSTRUCTIONS: Mapping[str, str] = {
+    "en": "Respond only in English. Do not use any other language.",
+    "it": "Rispondi esclusivamente in italiano. Non usare altre lingue.",
+    "fr": "Réponds uniquement en français. N'utilise aucune autre langue.",
+    "de": "Antworte ausschließlich auf Deutsch. Verwende keine andere Sprache.",
+    "es": "Responde únicamente en español. No uses ningún otro idioma.",
+    "pt": "Responda exclusivamente em português. Não use nenhum outro idioma.",
+    "nl": "Antwoord uitsluitend in het Nederlands. Gebruik geen andere taal.",
+    "pl": "Odpowiadaj wyłącznie po polsku. Nie używaj żadnego innego języka.",
+    "ru": "Отвечай только на русском языке. Не используй другие языки.",
+    "uk": "Відповідай лише українською мовою. Не використовуй інших мов.",
+    "zh": "请只用中文回答。不要使用其他语言。",
+    "ja": "日本語のみで回答してください。他の言語は使用しないでください。",
+    "ko": "한국어로만 답변하세요. 다른 언어를 사용하지 마세요.",
+    "tr": "Yalnızca Türkçe yanıt ver. Başka bir dil kullanma.",
+    "sv": "Svara endast på svenska. Använd inget annat språk.",
+    "cs": "Odpovídej výhradně česky. Nepoužívej žádný jiný jazyk.",
+}
+
+#: English names for the languages that get the English fallback sentence.
+LANGUAGE_NAMES: Mapping[str, str] = {
+    "ar": "Arabic", "bg": "Bulgarian", "ca": "Catalan", "da": "Danish", "el": "Greek",
+    "et": "Estonian", "fa": "Persian", "fi": "Finnish", "he": "Hebrew", "hi": "Hindi",
+    "hr": "Croatian", "hu": "Hungarian", "id": "Indonesian", "lt": "Lithuanian", "lv": "Latvian",
+    "ms": "Malay", "no": "Norwegian", "ro": "Romanian", "sk": "Slovak", "sl": "Slovenian",
+    "sr": "Serbian", "th": "Thai", "vi": "Vietnamese", "bn": "Bengali", "ta": "Tamil",
+    "ur": "Urdu", "sw": "Swahili", "eu": "Basque", "gl": "Galician", "is": "Icelandic",
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class RewritePolicy:
+    """The rewriting rules, resolved once from settings."""
+
+    max_tokens_default: int = 8192
+    max_tokens_cap: int = 32768
+    max_tokens_policy: str = "clamp"
+    language: str = "off"
+    sampling_defaults: Mapping[str, Mapping[str, Any]] | None = None
+    request_usage: bool = True
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RewritePolicy:
+        return cls(
+            max_tokens_default=settings.max_tokens_default,
+            max_tokens_cap=settings.max_tokens_cap,
+            max_tokens_policy=settings.max_tokens_policy,
+            language=settings.language,
+            sampling_defaults=settings.sampling_defaults,
+            request_usage=settings.request_usage,
+        )
+
+
+@dataclass(slots=True)
+class Rewrite:
+    """The request to send upstream, and what the guard learned while rewriting it."""
+
+    body: dict[str, Any]
+    model: str | None
+    client_stream: bool
+    client_wants_usage: bool
+    max_tokens: int
+    max_tokens_action: str | None
+    max_tokens_header: str
+    expected_language: str | None
+    injected_language: str | None
+    structured: bool
+    n: int
+
+
+def language_instruction(code: str) -> str:
+    """The instruction for ``code``, in that language where we have it, else in English."""
+    if code in LANGUAGE_INSTRUCTIONS:
+        return LANGUAGE_INSTRUCTIONS[code]
+    name = LANGUAGE_NAMES.get(code, f"the language with ISO 639-1 code '{code}'")
+    return f"Respond only in {name}. Do not use any other language."
+
+
+def rewrite_request(
+    body: Any, endpoint: Endpoint, policy: RewritePolicy, *, usage_options: bool = True
+) -> Rewrite:
+    """Validate the fields the guard relies on and build the upstream request.
+
+    The client's dict is not modified. ``usage_options=False`` is the fallback for engines that
+    reject ``stream_options`` (or its vLLM-only ``continuous_usage_stats``): the client's own
+    stream options are then passed through unchanged.
+    """
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    out = dict(body)
+
+    model = _optional(out, "model", str)
+    client_stream = bool(_optional(out, "stream", bool))
+    n = _optional(out, "n", int)
+    if n is not None and n < 1:
+        raise BadRequest("'n' must be at least 1.", param="n")
+    _check_input(out, endpoint)
+
+    client_options = _optional(out, "stream_options", dict)
+    if client_options is not None and not client_stream:
+        raise BadRequest(
+            "Stream options can only be defined when `stream=True`.", param="stream_options"
+        )
+    include_usage = (client_options or {}).get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise BadRequest(
+            "'stream_options.include_usage' must be a boolean.", param="stream_options"
+        )
+
+    _apply_sampling_defaults(out, model, policy.sampling_defaults)
+    max_tokens, action, header = _limit_max_tokens(out, endpoint, policy)
+    expected, injected = _constrain_language(out, endpoint, policy.language)
+
+    out["stream"] = True
+    if usage_options and policy.request_usage:
+        options = dict(client_options or {})
+        options["include_usage"] = True
+        options["continuous_usage_stats"] = True
+        out["stream_options"] = options
+    elif client_options is None:
+        out.pop("stream_options", None)
+
+    return Rewrite(
+        body=out,
+        model=model,
+        client_stream=client_stream,
+        client_wants_usage=include_usage if client_stream else True,
+        max_tokens=max_tokens,
+        max_tokens_action=action,
+        max_tokens_header=header,
+        expected_language=expected,
+        injected_language=injected,
+        structured=_is_structured(out),
+        n=n or 1,
+    )
+
+
+def _optional(body: dict[str, Any], field: str, kind: type) -> Any:
+    value = body.get(field)
+    # bool is an int subclass: {"max_tokens": true} must not pass as 1.
+    if value is None or (isinstance(value, kind) and not (kind is int and isinstance(value, bool))):
+        return value
+    raise BadRequest(f"'{field}' must be of type {_TYPE_NAMES[kind]}.", param=field)
+
+
+_TYPE_NAMES = {str: "string", bool: "boolean", int: "integer", dict: "object", list: "array"}
+
+
+def _check_input(body: dict[str, Any], endpoint: Endpoint) -> None:
+    if endpoint == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' must be a non-empty array.", param="messages")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise BadRequest(f"'messages[{i}]' must be an object.", param=f"messages[{i}]")
+    else:
+        prompt = body.get("prompt")
+        if not (
+            isinstance(prompt, str)
+            or (isinstance(prompt, list) and prompt and _is_prompt_list(prompt))
+        ):
+            raise BadRequest(
+                "'prompt' must be a string, an array of strings, or an array of token ids.",
+                param="prompt",
+            )
+
+
+def _is_prompt_list(prompt: list[Any]) -> bool:
+    first = prompt[0]
+    if isinstance(first, str):
+        return all(isinstance(p, str) for p in prompt)
+    if isinstance(first, int):
+        return all(isinstance(p, int) and not isinstance(p, bool) for p in prompt)
+    return all(isinstance(p, list) and _is_prompt_list(p) for p in prompt if p)
+
+
+def _apply_sampling_defaults(
+    body: dict[str, Any], model: str | None, defaults: Mapping[str, Mapping[str, Any]] | None
+) -> None:
+    """Fill fields the client left unset; an exact model name wins over globs, earlier globs
+    over later ones."""
+    if not defaults or model is None:
+        return
+    patterns = [defaults[model]] if model in defaults else []
+    patterns += [v for k, v in defaults.items() if k != model and fnmatch.fnmatchcase(model, k)]
+    for fields in patterns:
+        for key, value in fields.items():
+            if body.get(key) is None:
+                body[key] = copy.deepcopy(value)
+
+
+def _limit_max_tokens(
+    body: dict[str, Any], endpoint: Endpoint, policy: RewritePolicy
+) -> tuple[int, str | None, str]:
+    fields = ("max_completion_tokens", "max_tokens") if endpoint == "chat" else ("max_tokens",)
+    requested = {}
+    for field in fields:
+        value = _optional(body, field, int)
+        if value is not None:
+            if value < 1:
+                raise BadRequest(f"'{field}' must be at least 1.", param=field)
+            requested[field] = value
+
+    if not requested:
+        default = (
+            policy.max_tokens_default if endpoint == "chat" else COMPLETIONS_DEFAULT_MAX_TOKENS
+        )
+        limit = min(default, policy.max_tokens_cap)
+        body["max_tokens"] = limit
+        return limit, "defaulted", f"defaulted; value={limit}"
+
+    cap = policy.max_tokens_cap
+    over = {f: v for f, v in requested.items() if v > cap}
+    # Chat uses max_completion_tokens when both are set, as vLLM does.
+    effective_field = next(f for f in fields if f in requested)
+    if not over:
+        limit = requested[effective_field]
+        return limit, None, f"unchanged; value={limit}"
+    if policy.max_tokens_policy == "reject":
+        field, value = next(iter(over.items()))
+        raise BadRequest(
+            f"'{field}' is {value}, above this deployment's limit of {cap}.",
+            param=field,
+            code="max_tokens_over_cap",
+        )
+    for field in over:
+        body[field] = cap
+    limit = min(requested[effective_field], cap)
+    return limit, "clamped", f"clamped; value={limit}; requested={requested[effective_field]}"
+
+
+def _constrain_language(
+    body: dict[str, Any], endpoint: Endpoint, setting: str
+) -> tuple[str | None, str | None]:
+    """Return (language the detector should expect, language whose instruction was injected).
+
+    Completions get no instruction (their prompt is raw text we must not edit) but the detector
+    is still told the language.
+    """
+    if setting == "off":
+        return None, None
+    if setting == "auto":
+        code = _detect_prompt_language(body, endpoint)
+        if code is None:
+            return None, None
+    else:
+        code = setting
+    if endpoint != "chat":
+        return code, None
+    _add_system_instruction(body, language_instruction(code))
+    return code, code
+
+
+def _detect_prompt_language(body: dict[str, Any], endpoint: Endpoint) -> str | None:
+    if endpoint == "chat":
+        text = next(
+            (
+                _message_text(m)
+                for m in reversed(body["messages"])
+                if isinstance(m, dict) and m.get("role") == "user"
+            ),
+            "",
+        )
+    else:
+        prompt = body["prompt"]
+        text = prompt if isinstance(prompt, str) else ""
+    if len(text.strip()) < _MIN_LANGUAGE_CHARS:
+        return None
+    found = identify_language(text)
+    if found is None or found[1] < _MIN_LANGUAGE_CONFIDENCE:
+        return None
+    return found[0]
+
+
+def _message_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def _add_system_instruction(body: dict[str, Any], instruction: str) -> None:
+    messages = list(body["messages"])
+    first = messages[0]
+    if first.get("role") in ("system", "developer"):
+        content = first.get("content")
+        if isinstance(content, str):
+            if instruction not in content:
+                messages[0] = {**first, "content": f"{content}\n\n{instruction}".lstrip()}
+        elif isinstance(content, list):
+            messages[0] = {**first, "content": [*content, {"type": "text", "text": instruction}]}
+        else:
+            messages[0] = {**first, "content": instruction}
+    else:
+        messages.insert(0, {"role": "system", "content": instruction})
+    body["messages"] = messages
+
+
+def _is_structured(body: dict[str, Any]) -> bool:
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
+        return True
+    return any(body.get(k) is not None for k in ("guided_json", "structured_outputs"))
