@@ -1,0 +1,248 @@
+"""``coherence-guard score``: run the detector offline over a JSON Lines file of texts.
+
+The scorer streams every text through the very same :class:`~proxy.detect.Detector` the proxy
+uses, in token-sized deltas (whitespace-split words with their leading whitespace), so what it
+measures is what the proxy would do. Input lines carry ``id`` and ``text`` (optional ``lang``,
+``label``, ``onset_char``, ``kind``, ``degen_type``); output lines carry the verdict. With
+``--summary`` and labels present it prints precision, recall, false-positive rates per group and
+the detection delay (characters from the labelled onset to the firing point).
+
+Also runnable as ``python -m proxy.scoring``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+# A word with its leading whitespace: roughly what one BPE token looks like in a stream.
+_DELTA_RE = re.compile(r"\s*\S+|\s+")
+
+
+def split_deltas(text: str) -> Iterator[str]:
+    """Cut ``text`` into token-sized deltas whose concatenation is ``text`` exactly.
+
+    Long whitespace-free runs (CJK, floods of punctuation) are cut every 4 characters, so a
+    Chinese sentence does not arrive as one giant "token".
+    """
+    for match in _DELTA_RE.finditer(text):
+        piece = match.group()
+        if len(piece) <= 12:
+            yield piece
+        else:
+            for i in range(0, len(piece), 4):
+                yield piece[i : i + 4]
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """One scored text: the input row and the detector's decision."""
+
+    row: dict[str, Any]
+    degenerate: bool
+    signal: str | None
+    score: float | None
+    fired_at_char: int | None
+    onset_char: int | None
+
+    def output(self) -> dict[str, Any]:
+        return {
+            "id": self.row.get("id"),
+            "degenerate": self.degenerate,
+            "signal": self.signal,
+            "score": None if self.score is None else round(self.score, 4),
+            "fired_at_char": self.fired_at_char,
+            "onset_char": self.onset_char,
+        }
+
+
+def score_text(text: str, *, config: Any = None, expected_language: str | None = None) -> Scored:
+    """Stream one text through a fresh detector; return its decision."""
+    from proxy.detect import Detector
+
+    detector = Detector(config, expected_language=expected_language)
+    for delta in split_deltas(text):
+        if detector.feed(delta) is not None:
+            break
+    verdict = detector.finish().verdict
+    if verdict is None:
+        return Scored({}, False, None, None, None, None)
+    return Scored(
+        {}, True, verdict.signal, verdict.score, verdict.fired_at_char, verdict.onset_char
+    )
+
+
+def score_rows(rows: Iterable[dict[str, Any]], *, config: Any = None) -> Iterator[Scored]:
+    for row in rows:
+        if not isinstance(row.get("text"), str):
+            raise ValueError(f"line without a string 'text' field (id={row.get('id')!r})")
+        result = score_text(row["text"], config=config)
+        yield Scored(
+            row,
+            result.degenerate,
+            result.signal,
+            result.score,
+            result.fired_at_char,
+            result.onset_char,
+        )
+
+
+def _read_jsonl(stream: IO[str]) -> Iterator[dict[str, Any]]:
+    for number, line in enumerate(stream, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"line {number}: not JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"line {number}: not a JSON object")
+        yield row
+
+
+def _percentile(values: list[int], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return float(ordered[index])
+
+
+class _Tally:
+    """Confusion counts for one group of labelled texts."""
+
+    __slots__ = ("fn", "fp", "tn", "tp")
+
+    def __init__(self) -> None:
+        self.tp = self.fp = self.tn = self.fn = 0
+
+    def add(self, label_degenerate: bool, predicted: bool) -> None:
+        if label_degenerate:
+            if predicted:
+                self.tp += 1
+            else:
+                self.fn += 1
+        elif predicted:
+            self.fp += 1
+        else:
+            self.tn += 1
+
+    def row(self) -> str:
+        n = self.tp + self.fp + self.tn + self.fn
+        pos = self.tp + self.fn
+        neg = self.fp + self.tn
+        recall = f"{self.tp / pos:.3f}" if pos else "-"
+        fpr = f"{self.fp / neg:.4f}" if neg else "-"
+        precision = f"{self.tp / (self.tp + self.fp):.3f}" if self.tp + self.fp else "-"
+        return f"{n:>5} {pos:>4} {neg:>5} {precision:>9} {recall:>7} {self.fp:>4} {fpr:>7}"
+
+
+_HEADER = (
+    f"{'group':<34}{'n':>5} {'deg':>4} {'ok':>5} {'precision':>9} {'recall':>7}"
+    f" {'FP':>4} {'FPR':>7}"
+)
+_TRAP_KINDS = frozenset(
+    {"code", "json", "table", "lyrics", "poetry", "changelog", "legal", "markdown", "quotes"}
+)
+
+
+def summarise(results: list[Scored]) -> str:
+    """Render the precision/recall/FPR table and the detection delay."""
+    groups: dict[str, _Tally] = defaultdict(_Tally)
+    delays: list[int] = []
+    labelled = 0
+    for result in results:
+        label = result.row.get("label")
+        if label not in ("healthy", "degenerate"):
+            continue
+        labelled += 1
+        truth = label == "degenerate"
+        keys = ["overall", f"kind={result.row.get('kind')}", f"lang={result.row.get('lang')}"]
+        if truth:
+            keys.append(f"degen_type={result.row.get('degen_type')}")
+        else:
+            trap = result.row.get("kind") in _TRAP_KINDS
+            keys.append("healthy=traps" if trap else "healthy=answers+technical")
+        for key in keys:
+            groups[key].add(truth, result.degenerate)
+        onset = result.row.get("onset_char")
+        if truth and result.degenerate and isinstance(onset, int):
+            assert result.fired_at_char is not None
+            delays.append(max(0, result.fired_at_char - onset))
+    if not labelled:
+        return "no labelled lines: nothing to summarise\n"
+    lines = [_HEADER]
+    order = sorted(groups, key=lambda k: (k != "overall", k.split("=")[0], k))
+    lines += [f"{key:<34}{groups[key].row()}" for key in order]
+    p50, p90 = _percentile(delays, 0.5), _percentile(delays, 0.9)
+    if p50 is not None:
+        lines.append(
+            f"detection delay after onset (chars): p50 {p50:.0f}, p90 {p90:.0f}, n={len(delays)}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("input", help="JSON Lines file with 'id' and 'text' per line ('-': stdin)")
+    parser.add_argument("-o", "--output", help="write one verdict line per text here")
+    parser.add_argument(
+        "--summary",
+        action="store_true",
+        help="print precision/recall/FPR per kind, lang and degen_type, and detection delay",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from proxy.settings import ConfigError, load_detector_config
+
+    try:
+        config = load_detector_config()
+    except ConfigError as exc:
+        print(f"coherence-guard score: {exc}", file=sys.stderr)
+        return 2
+    try:
+        source: IO[str] = (
+            sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")  # noqa: SIM115
+        )
+    except OSError as exc:
+        print(f"coherence-guard score: cannot read {args.input}: {exc.strerror}", file=sys.stderr)
+        return 2
+    results: list[Scored] = []
+    out: IO[str] | None = None
+    try:
+        if args.output:
+            out = open(args.output, "w", encoding="utf-8")  # noqa: SIM115
+        elif not args.summary:
+            out = sys.stdout
+        for result in score_rows(_read_jsonl(source), config=config):
+            if out is not None:
+                out.write(json.dumps(result.output(), ensure_ascii=False) + "\n")
+            if args.summary:
+                results.append(result)
+    except ValueError as exc:
+        print(f"coherence-guard score: {args.input}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if source is not sys.stdin:
+            source.close()
+        if out is not None and out is not sys.stdout:
+            out.close()
+    if args.summary:
+        sys.stdout.write(summarise(results))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m proxy.scoring", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
