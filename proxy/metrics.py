@@ -1,43 +1,499 @@
 """Prometheus metrics: a quality registry and an infrastructure registry, never mixed.
 
-NOTE: stand-in. Method names and signatures are the contract the relay calls; the collectors
-behind them are built in the observability work (issue 4).
+Two registries because they answer to different people and scrape intervals: ``/metrics``
+(``guard_proxy_*``, process and upstream-config metrics) is the usual service health a platform
+team scrapes everywhere; ``/metrics/quality`` (``guard_*`` without the ``proxy_`` part) is the
+model/decoding plane, whose names are a contract with dashboards, alerts and users' queries.
+A family lives in exactly one of them (tests check it).
+
+Hot-path rules this module keeps:
+
+* Quality metrics are touched once per stream end (:meth:`Metrics.record_generation`), infra
+  metrics through a handful of cheap counters; nothing here runs per token.
+* Every labelled child is looked up once and cached in a plain dict keyed by the label tuple,
+  so a hot call is one dict lookup plus an ``inc``/``observe`` (prometheus-client's ``labels()``
+  validates and takes a lock on every call).
+* Label values come from small fixed sets. Free-form values (model names, detector signals,
+  languages, routes) pass through :class:`CappedLabel`: the first N distinct values are kept,
+  anything after that, or anything that does not look like a label value, becomes ``other``, so a
+  client sending random model names cannot blow up the series count.
+
+With ``--workers N > 1`` each worker is its own process and would expose only its own counts;
+prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set up by
+:func:`prepare_multiprocess` before the workers start) keeps values in shared mmap files and
+merges them at scrape time. Both registries are then rendered from the same files, filtered by
+family name, so the two-path split holds there too.
 """
 
 from __future__ import annotations
 
-from proxy.records import GenerationRecord
+import glob
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Final, Generic, TypeVar
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+    values,
+)
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from proxy.records import ChoiceRecord, GenerationRecord
+
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+OTHER: Final = "other"
+MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
+
+OUTCOMES: Final = frozenset({"completed", "aborted", "client_disconnected", "upstream_error"})
+ENDPOINTS: Final = frozenset({"chat", "completions"})
+DETECTION_ACTIONS: Final = frozenset({"aborted", "observed"})
+MAX_TOKENS_ACTIONS: Final = frozenset({"defaulted", "clamped", "rejected"})
+UPSTREAM_ERROR_KINDS: Final = frozenset({"connect", "timeout", "status", "protocol", "disconnect"})
+#: What vLLM and the OpenAI enum can say, ``none`` for a choice that ended without one, and
+#: ``guard`` for every choice the guard aborted: whatever finish_reason the client was sent
+#: (``GUARD_ABORT_FINISH_REASON`` may be ``length``), so ``length`` keeps meaning "hit max_tokens".
+FINISH_REASONS: Final = frozenset(
+    {
+        "stop",
+        "length",
+        "tool_calls",
+        "function_call",
+        "content_filter",
+        "abort",
+        "error",
+        "repetition",
+        "none",
+        "guard",
+    }
+)
+
+# Token counts: 16 .. 131072 by powers of two (a 128K context is the longest common limit).
+TOKEN_BUCKETS: Final = tuple(float(2**i) for i in range(4, 18))
+# Scores in [0, 1] (repetition share, distinct-token ratio).
+UNIT_BUCKETS: Final = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+# Shannon entropy of the next-token distribution, nats; near 0 is collapse.
+ENTROPY_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+DURATION_BUCKETS: Final = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+)  # fmt: skip
+TTFT_BUCKETS: Final = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+# ``*_created`` samples: in the 0.0.4 text format Prometheus 2.x stores them as separate gauge
+# series, doubling the series count for nothing a dashboard uses. Process-wide by design (this is
+# the proxy's own process; prometheus-client only has the global switch).
+disable_created_metrics()
+
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9/][A-Za-z0-9_.:/@+\-]{0,127}")
+
+M = TypeVar("M", bound=MetricWrapperBase)
+
+
+class CappedLabel:
+    """Maps free-form values to a bounded label set: first ``cap`` distinct values, then ``other``.
+
+    ``initial`` values (configured models, say) are admitted up front and count toward the cap.
+    Values that do not look like identifiers (spaces, control characters, > 128 chars) are
+    ``other`` straight away: they are almost always junk sent by a client.
+    """
+
+    __slots__ = ("_cap", "_seen")
+
+    def __init__(self, cap: int, initial: Iterable[str] = ()) -> None:
+        self._cap = cap
+        self._seen: set[str] = set()
+        for value in initial:
+            self(value)
+
+    def __call__(self, value: str | None) -> str:
+        if value is None:
+            return OTHER
+        if value in self._seen:
+            return value
+        if len(self._seen) >= self._cap or not _LABEL_VALUE.fullmatch(value):
+            return OTHER
+        self._seen.add(value)
+        return value
+
+    @property
+    def seen(self) -> frozenset[str]:
+        return frozenset(self._seen)
+
+
+class _Children(Generic[M]):
+    """A labelled metric with its children cached by label tuple (see module docstring)."""
+
+    __slots__ = ("_cache", "_metric")
+
+    def __init__(self, metric: M) -> None:
+        self._metric = metric
+        self._cache: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *labels: str) -> M:
+        child = self._cache.get(labels)
+        if child is None:
+            child = self._cache[labels] = self._metric.labels(*labels)
+        return child
+
+
+def _fixed(value: str | None, allowed: frozenset[str]) -> str:
+    if value is not None and value in allowed:
+        return value
+    return OTHER
+
+
+def _family_names(registry: CollectorRegistry) -> frozenset[str]:
+    return frozenset(family.name for family in registry.collect())
+
+
+class _MultiProcessFamilies(Collector):
+    """Merges the workers' mmap files and yields only the families of one registry."""
+
+    def __init__(self, path: str, names: frozenset[str]) -> None:
+        self._path = path
+        self._names = names
+
+    def collect(self) -> Iterator[Any]:
+        files = glob.glob(os.path.join(self._path, "*.db"))
+        merged: Iterable[Any] = MultiProcessCollector.merge(  # type: ignore[no-untyped-call]
+            files, accumulate=True
+        )
+        for family in merged:
+            if family.name in self._names:
+                yield family
+
+
+def multiprocess_enabled() -> bool:
+    """True when prometheus-client chose mmap-backed values (env set before it was imported)."""
+    return bool(getattr(values.ValueClass, "_multiprocess", False)) and bool(
+        os.environ.get(MULTIPROC_ENV)
+    )
+
+
+def prepare_multiprocess(workers: int) -> str | None:
+    """Call in the parent before starting ``workers`` > 1 worker processes.
+
+    Points ``PROMETHEUS_MULTIPROC_DIR`` at a directory (a fresh temporary one unless the operator
+    set it) and removes stale ``*.db`` files, which would otherwise add a previous run's counts to
+    this one. Workers inherit the environment and pick mmap values when they import
+    prometheus-client. Returns the directory, or ``None`` for a single worker.
+    """
+    if workers <= 1:
+        return None
+    path = os.environ.get(MULTIPROC_ENV)
+    if path:
+        os.makedirs(path, exist_ok=True)
+        for stale in glob.glob(os.path.join(path, "*.db")):
+            os.remove(stale)
+    else:
+        path = tempfile.mkdtemp(prefix="coherence-guard-metrics-")
+        os.environ[MULTIPROC_ENV] = path
+    return path
 
 
 class Metrics:
+    """All metrics of one proxy process; the relay calls only the methods below."""
+
+    def __init__(self, *, max_models: int = 20, models: Sequence[str] = ()) -> None:
+        self.quality_registry = CollectorRegistry(auto_describe=True)
+        self.infra_registry = CollectorRegistry(auto_describe=True)
+        self._model = CappedLabel(max_models, models)
+        self._signal = CappedLabel(16)
+        self._language = CappedLabel(32)
+        self._route = CappedLabel(32)
+        self._dtype = CappedLabel(8)
+        q = self.quality_registry
+        model_signal = ("model", "signal")
+
+        self._generations = _Children(
+            Counter(
+                "guard_generations",
+                "Generations (requests) that ended, by outcome.",
+                ("model", "endpoint", "outcome"),
+                registry=q,
+            )
+        )
+        self._detections = _Children(
+            Counter(
+                "guard_detections",
+                "Choices judged degenerate, by signal; action=observed in monitor mode.",
+                ("model", "signal", "action"),
+                registry=q,
+            )
+        )
+        self._abort_position = _Children(
+            Histogram(
+                "guard_abort_position_tokens",
+                "Completion tokens generated when degeneration was detected.",
+                model_signal,
+                buckets=TOKEN_BUCKETS,
+                registry=q,
+            )
+        )
+        self._completion_tokens = _Children(
+            Histogram(
+                "guard_completion_tokens",
+                "Generated length per choice, in tokens.",
+                ("model",),
+                buckets=TOKEN_BUCKETS,
+                registry=q,
+            )
+        )
+        self._finish_reason = _Children(
+            Counter(
+                "guard_finish_reason",
+                "Choices by finish_reason; guard = aborted by the guard.",
+                ("model", "finish_reason"),
+                registry=q,
+            )
+        )
+        self._tokens_saved = _Children(
+            Counter(
+                "guard_tokens_saved",
+                "max_tokens minus tokens generated, summed over aborted choices.",
+                ("model",),
+                registry=q,
+            )
+        )
+        self._max_tokens_rewritten = _Children(
+            Counter(
+                "guard_max_tokens_rewritten",
+                "Requests whose token limit the guard set (defaulted), lowered (clamped) or "
+                "refused (rejected).",
+                ("model", "action"),
+                registry=q,
+            )
+        )
+        self._language_constraint = _Children(
+            Counter(
+                "guard_language_constraint",
+                "Requests into which a language instruction was injected.",
+                ("model", "language"),
+                registry=q,
+            )
+        )
+        self._repetition = _Children(
+            Histogram(
+                "guard_repetition_score",
+                "Worst-window repetition score per choice (1 = all repeated).",
+                ("model",),
+                buckets=UNIT_BUCKETS,
+                registry=q,
+            )
+        )
+        self._diversity = _Children(
+            Histogram(
+                "guard_lexical_diversity",
+                "Worst-window lexical diversity per choice (distinct/total; low = looping).",
+                ("model",),
+                buckets=UNIT_BUCKETS,
+                registry=q,
+            )
+        )
+        self._entropy = _Children(
+            Histogram(
+                "guard_token_entropy",
+                "Worst-window mean token entropy per choice, nats (low = collapsed).",
+                ("model",),
+                buckets=ENTROPY_BUCKETS,
+                registry=q,
+            )
+        )
+
+        i = self.infra_registry
+        self._requests = _Children(
+            Counter(
+                "guard_proxy_requests",
+                "HTTP requests through the proxy, by route and status.",
+                ("route", "status"),
+                registry=i,
+            )
+        )
+        self._duration = _Children(
+            Histogram(
+                "guard_proxy_request_duration_seconds",
+                "Request duration through the proxy, to the last byte.",
+                ("route",),
+                buckets=DURATION_BUCKETS,
+                registry=i,
+            )
+        )
+        self._ttft = Histogram(
+            "guard_proxy_time_to_first_token_seconds",
+            "From request received to first content byte relayed to the client.",
+            buckets=TTFT_BUCKETS,
+            registry=i,
+        )
+        self._in_flight = Gauge(
+            "guard_proxy_streams_in_flight",
+            "Streams being relayed now.",
+            registry=i,
+            multiprocess_mode="livesum",
+        )
+        self._upstream_errors = _Children(
+            Counter(
+                "guard_proxy_upstream_errors",
+                "Upstream failures, by kind.",
+                ("kind",),
+                registry=i,
+            )
+        )
+        self._chunks = Counter(
+            "guard_proxy_chunks_relayed",
+            "SSE events relayed to clients (divide process CPU by its rate for CPU per chunk).",
+            registry=i,
+        )
+        self._kv_dtype = _Children(
+            Gauge(
+                "guard_upstream_kv_cache_dtype_info",
+                "KV cache dtype the upstream vLLM reports (1 = current).",
+                ("cache_dtype",),
+                registry=i,
+                multiprocess_mode="livemax",
+            )
+        )
+        self._kv_dtypes_set: set[str] = set()
+        self._config_scrapes = _Children(
+            Counter(
+                "guard_proxy_upstream_config_scrapes",
+                "Scrapes of the upstream's /metrics for its configuration, by result.",
+                ("result",),
+                registry=i,
+            )
+        )
+
+        self._multiprocess_path = os.environ[MULTIPROC_ENV] if multiprocess_enabled() else None
+        if self._multiprocess_path is None:
+            # Process CPU and memory: only meaningful per process, so single-worker only.
+            ProcessCollector(registry=i)
+        self._render_quality = self._renderer(self.quality_registry)
+        self._render_infra = self._renderer(self.infra_registry)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Metrics:
+        """Cap from ``GUARD_METRICS_MAX_MODELS``; models named in sampling defaults come first."""
+        models = [m for m in getattr(settings, "sampling_defaults", {}) if m != "*"]
+        return cls(max_models=settings.metrics_max_models, models=models)
+
+    def _renderer(self, registry: CollectorRegistry) -> CollectorRegistry:
+        if self._multiprocess_path is None:
+            return registry
+        merged = CollectorRegistry(auto_describe=False)
+        merged.register(_MultiProcessFamilies(self._multiprocess_path, _family_names(registry)))
+        return merged
+
+    # -- rendering ---------------------------------------------------------------------------
+
     def render_quality(self) -> tuple[bytes, str]:
         """Exposition of the quality registry for ``GET /metrics/quality``: (body, content type)."""
-        return b"", "text/plain; version=0.0.4; charset=utf-8"
+        return generate_latest(self._render_quality), CONTENT_TYPE
 
     def render_infra(self) -> tuple[bytes, str]:
         """Exposition of the infrastructure registry for ``GET /metrics``."""
-        return b"", "text/plain; version=0.0.4; charset=utf-8"
+        return generate_latest(self._render_infra), CONTENT_TYPE
+
+    # -- quality plane -----------------------------------------------------------------------
+
+    def model_label(self, model: str | None) -> str:
+        """The label value ``model`` gets (capped); exposed for callers that cache per model."""
+        return self._model(model)
 
     def record_generation(self, record: GenerationRecord) -> None:
         """Once per request, when its stream ends (any outcome)."""
+        model = self._model(record.model)
+        self._generations(
+            model, _fixed(record.endpoint, ENDPOINTS), _fixed(record.outcome, OUTCOMES)
+        ).inc()
+        for choice in record.choices:
+            self._record_choice(model, choice)
+
+    def _record_choice(self, model: str, choice: ChoiceRecord) -> None:
+        action = choice.detection_action
+        if action == "aborted":
+            reason = "guard"
+        elif choice.finish_reason is None:
+            reason = "none"
+        else:
+            reason = _fixed(choice.finish_reason, FINISH_REASONS)
+        self._finish_reason(model, reason).inc()
+        self._completion_tokens(model).observe(choice.completion_tokens)
+
+        summary = choice.summary
+        if summary is not None:
+            if summary.repetition_score is not None:
+                self._repetition(model).observe(summary.repetition_score)
+            if summary.lexical_diversity is not None:
+                self._diversity(model).observe(summary.lexical_diversity)
+            if summary.token_entropy is not None:
+                self._entropy(model).observe(summary.token_entropy)
+            verdict = summary.verdict
+            if verdict is not None and action is not None:
+                signal = self._signal(verdict.signal)
+                self._detections(model, signal, _fixed(action, DETECTION_ACTIONS)).inc()
+                self._abort_position(model, signal).observe(verdict.fired_at_token)
+
+        if action == "aborted" and choice.max_tokens is not None:
+            saved = choice.max_tokens - choice.completion_tokens
+            if saved > 0:
+                self._tokens_saved(model).inc(saved)
 
     def max_tokens_rewritten(self, model: str, action: str) -> None:
         """action in defaulted | clamped | rejected."""
+        self._max_tokens_rewritten(self._model(model), _fixed(action, MAX_TOKENS_ACTIONS)).inc()
 
     def language_constraint(self, model: str, language: str) -> None:
         """A language instruction was injected into the request."""
+        self._language_constraint(self._model(model), self._language(language.lower())).inc()
+
+    # -- infrastructure ----------------------------------------------------------------------
 
     def request_finished(self, route: str, status: int, seconds: float) -> None:
         """Infra: every HTTP request through the proxy; route is a small fixed set."""
+        route_label = self._route(route)
+        status_label = str(status) if 100 <= status <= 599 else OTHER
+        self._requests(route_label, status_label).inc()
+        self._duration(route_label).observe(seconds)
 
     def time_to_first_token(self, seconds: float) -> None:
         """Infra: from request received to first content byte relayed to the client."""
+        self._ttft.observe(seconds)
 
     def stream_opened(self) -> None:
         """Infra: in-flight streams gauge up."""
+        self._in_flight.inc()
 
     def stream_closed(self) -> None:
         """Infra: in-flight streams gauge down."""
+        self._in_flight.dec()
 
     def upstream_error(self, kind: str) -> None:
         """Infra: kind in connect | timeout | status | protocol | disconnect."""
+        self._upstream_errors(_fixed(kind, UPSTREAM_ERROR_KINDS)).inc()
+
+    def chunks_relayed(self, count: int) -> None:
+        """Infra: SSE events sent to a client, reported once per stream end (not per chunk)."""
+        if count > 0:
+            self._chunks.inc(count)
+
+    def upstream_kv_cache_dtype(self, cache_dtype: str) -> None:
+        """The upstream's current KV cache dtype: its series is 1, any earlier one drops to 0."""
+        current = self._dtype(cache_dtype)
+        for old in self._kv_dtypes_set - {current}:
+            self._kv_dtype(old).set(0)
+        self._kv_dtypes_set.add(current)
+        self._kv_dtype(current).set(1)
+
+    def upstream_config_scrape(self, result: str) -> None:
+        """result in ok | error | not_vllm (the upstream's /metrics had no vLLM config)."""
+        self._config_scrapes(_fixed(result, frozenset({"ok", "error", "not_vllm"}))).inc()
