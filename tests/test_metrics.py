@@ -174,11 +174,11 @@ def test_choices_without_summary_or_values(metrics: Metrics) -> None:
         ),
     ]
     metrics.record_generation(
-        GenerationRecord(
-            model="m", endpoint="chat", outcome="client_disconnected", choices=choices
-        )
+        GenerationRecord(model="m", endpoint="chat", outcome="client_disconnected", choices=choices)
     )
-    metrics.record_generation(GenerationRecord(model="m", endpoint="chat", outcome="upstream_error"))
+    metrics.record_generation(
+        GenerationRecord(model="m", endpoint="chat", outcome="upstream_error")
+    )
     q = parse(metrics.render_quality()[0])
     assert value(q, "guard_finish_reason_total", model="m", finish_reason="none") == 1
     assert value(q, "guard_finish_reason_total", model="m", finish_reason=OTHER) == 1
