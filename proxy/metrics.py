@@ -93,7 +93,7 @@ TTFT_BUCKETS: Final = (
 # ``*_created`` samples: in the 0.0.4 text format Prometheus 2.x stores them as separate gauge
 # series, doubling the series count for nothing a dashboard uses. Process-wide by design (this is
 # the proxy's own process; prometheus-client only has the global switch).
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9/][A-Za-z0-9_.:/@+\-]{0,127}")
 
