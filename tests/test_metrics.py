@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from exposition_server import families, parse, value
 from prometheus_client import Counter, Histogram
-from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.detect import Summary, Verdict
 from proxy.metrics import OTHER, CappedLabel, Metrics, prepare_multiprocess
@@ -34,24 +34,6 @@ QUALITY_FAMILIES = {
     "guard_lexical_diversity",
     "guard_token_entropy",
 }
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def parse(body: bytes) -> Samples:
-    out: Samples = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def families(body: bytes) -> set[str]:
-    return {f.name for f in text_string_to_metric_families(body.decode())}
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
 
 
 def summary(
