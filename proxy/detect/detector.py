@@ -1,0 +1,376 @@
+"""The detector: composes the signals over a rolling window of one choice's text.
+
+Deltas are only appended on the per-token path (amortised O(1)); every ``check_every_chars``
+characters the window is evaluated once. Each evaluation is O(window) in C-implemented
+primitives (``str.rfind``, slicing, ``set``, ``zlib``, fastText), so the per-character cost stays
+well under a microsecond and memory per stream is bounded by the window, however long the
+generation runs.
+
+Every signal needs its evidence to hold over a span before it fires (hysteresis): a periodic tail
+must repeat several times *and* cover a minimum number of characters, the n-gram, script and
+language signals must hold over consecutive checks. Inside fenced code, Markdown tables and JSON
+output repetition is expected, so the repetition thresholds are multiplied by
+``structured_relax`` there.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import Counter, deque
+from typing import Any
+
+from proxy.detect.diversity import compression_ratio, distinct_ratio, words_of
+from proxy.detect.entropy import EntropyWindow, token_entropy
+from proxy.detect.repetition import (
+    PeriodicTail,
+    normalise_numbers,
+    periodic_tail,
+    repeated_ngram_rate,
+)
+from proxy.detect.script import intruding_share, script_counts
+from proxy.detect.types import DetectorConfig, Summary, Verdict
+
+# Languages close enough that fastText confuses them on short windows; a switch inside a group
+# is not drift.
+_CLOSE_LANGUAGES: tuple[frozenset[str], ...] = (
+    frozenset({"es", "gl", "ca", "pt", "it", "an", "ast"}),
+    frozenset({"no", "nb", "nn", "da", "sv"}),
+    frozenset({"id", "ms", "jv", "su"}),
+    frozenset({"hr", "sr", "bs", "sl", "sh"}),
+    frozenset({"ru", "uk", "be", "bg", "mk"}),
+    frozenset({"cs", "sk"}),
+    frozenset({"zh", "wuu", "yue", "ja"}),
+    frozenset({"hi", "mr", "ne", "sa"}),
+    frozenset({"ar", "fa", "ur", "arz"}),
+)
+_GROUP = {code: group for group in _CLOSE_LANGUAGES for code in group}
+
+
+def _same_language(a: str, b: str) -> bool:
+    return a == b or b in _GROUP.get(a, ())
+
+
+class Detector:
+    """Incremental detector for one choice.
+
+    ``feed`` returns a Verdict the first time the stream is judged degenerate and ``None``
+    otherwise (also on every call after a verdict). ``tokens`` is the number of tokens the delta
+    holds when the caller knows it (else 1 per call); ``logprobs`` is the OpenAI
+    ``logprobs.content`` list of the delta when the upstream returned logprobs.
+    ``expected_language`` is an ISO 639-1 code when the request carried a language constraint;
+    ``structured`` marks JSON output (``response_format``), where repetition is expected.
+    """
+
+    def __init__(
+        self,
+        config: DetectorConfig | None = None,
+        *,
+        expected_language: str | None = None,
+        structured: bool = False,
+    ) -> None:
+        self.config = config or DetectorConfig()
+        self.expected_language = expected_language.lower() if expected_language else None
+        self.structured = structured
+        cfg = self.config
+        self._step = max(16, cfg.check_every_chars)
+        self._keep = max(cfg.window_chars, cfg.compression_window_chars)
+        self._chars = 0
+        self._tokens = 0
+        self._verdict: Verdict | None = None
+        self._pending: list[str] = []
+        self._pending_chars = 0
+        # raw window: _raw holds text[_raw_base:_chars - _pending_chars]
+        self._raw = ""
+        self._raw_base = 0
+        # digit-normalised window with anchors mapping normalised offsets back to raw ones
+        self._norm = ""
+        self._norm_base = 0
+        self._norm_total = 0
+        self._carry = ""
+        self._anchors: deque[tuple[int, int]] = deque()
+        self._fences = 0
+        # signal state
+        self._ngram_streak = 0
+        self._ngram_onset = 0
+        self._script_base: Counter[str] = Counter()
+        self._script_recent: deque[tuple[int, Counter[str]]] = deque()
+        self._script_streak = 0
+        self._script_onset = 0
+        self._words: deque[str] = deque(maxlen=max(20, cfg.ngram_window_words))
+        self._checks = 0
+        self._lang_buf: list[str] = []
+        self._lang_buf_chars = 0
+        self._lang_seg_start = 0
+        self._lang_seg_fenced = False
+        self._lang_established: str | None = None
+        self._lang_total = 0
+        self._lang_off = 0
+        self._lang_streak = 0
+        self._lang_onset = 0
+        self._entropy = EntropyWindow(cfg.entropy_window_tokens)
+        self._entropy_min: float | None = None
+        self._repetition_max: float | None = None
+        self._diversity_min: float | None = None
+
+    @property
+    def verdict(self) -> Verdict | None:
+        return self._verdict
+
+    def feed(
+        self, delta: str, *, tokens: int | None = None, logprobs: list[Any] | None = None
+    ) -> Verdict | None:
+        self._chars += len(delta)
+        self._tokens += 1 if tokens is None else tokens
+        if self._verdict is not None:
+            return None
+        if logprobs and self.config.entropy:
+            for entry in logprobs:
+                value = token_entropy(entry)
+                if value is not None:
+                    self._entropy.add(value[0])
+        if delta:
+            self._pending.append(delta)
+            self._pending_chars += len(delta)
+            if self._pending_chars >= self._step:
+                return self._check(final=False)
+        return None
+
+    def finish(self) -> Summary:
+        """Evaluate what is left and return the per-choice summary."""
+        if self._verdict is None and self._pending_chars:
+            self._check(final=True)
+        return Summary(
+            self._chars,
+            self._tokens,
+            self._repetition_max,
+            self._diversity_min,
+            self._entropy_min,
+            self._verdict,
+        )
+
+    # -- evaluation ------------------------------------------------------------------------
+
+    def _fire(self, signal: str, score: float, onset: int) -> Verdict:
+        onset = max(0, min(onset, self._chars))
+        self._verdict = Verdict(signal, float(score), self._chars, self._tokens, onset)
+        return self._verdict
+
+    def _append(self, final: bool) -> str:
+        new = "".join(self._pending)
+        self._pending.clear()
+        self._pending_chars = 0
+        self._fences += (self._raw[-2:] + new).count("```")
+        self._raw += new
+        if len(self._raw) > 2 * self._keep:
+            cut = len(self._raw) - self._keep
+            self._raw = self._raw[cut:]
+            self._raw_base += cut
+        # Normalise up to the last non-digit so a number split across checks stays whole.
+        text = self._carry + new
+        raw_start = self._chars - len(text)
+        cut_at = len(text) if final else len(text.rstrip("0123456789"))
+        self._carry = text[cut_at:]
+        piece = normalise_numbers(text[:cut_at])
+        if piece:
+            self._anchors.append((self._norm_total, raw_start))
+            self._norm += piece
+            self._norm_total += len(piece)
+            if len(self._norm) > 2 * self.config.window_chars:
+                cut = len(self._norm) - self.config.window_chars
+                self._norm = self._norm[cut:]
+                self._norm_base += cut
+                while len(self._anchors) > 1 and self._anchors[1][0] <= self._norm_base:
+                    self._anchors.popleft()
+        return new
+
+    def _norm_to_raw(self, norm_abs: int) -> int:
+        keys = [a[0] for a in self._anchors]
+        i = bisect.bisect_right(keys, norm_abs) - 1
+        if i < 0:
+            return self._raw_base
+        norm_at, raw_at = self._anchors[i]
+        return raw_at + (norm_abs - norm_at)
+
+    def _structured_context(self) -> bool:
+        """Inside fenced code, a Markdown table or JSON output repetition is expected."""
+        if self.structured or self._fences % 2 == 1:
+            return True
+        tail = self._raw[-300:]
+        lines = [ln for ln in tail.split("\n")[-4:] if ln.strip()]
+        return len(lines) >= 2 and all(ln.lstrip().startswith("|") for ln in lines[-2:])
+
+    def _check(self, *, final: bool) -> Verdict | None:
+        new = self._append(final)
+        cfg = self.config
+        relax = cfg.structured_relax if self._structured_context() else 1.0
+        verdict = None
+        if cfg.repetition:
+            verdict = self._check_repetition(relax)
+        if verdict is None and (cfg.ngram or cfg.diversity or cfg.compression):
+            verdict = self._check_diversity(new, relax)
+        if verdict is None and cfg.script:
+            verdict = self._check_script(new)
+        if verdict is None and cfg.language:
+            verdict = self._check_language(new, final)
+        if verdict is None and cfg.entropy:
+            verdict = self._check_entropy()
+        return verdict
+
+    def _check_repetition(self, relax: float) -> Verdict | None:
+        cfg = self.config
+        window = self._raw[-cfg.window_chars :]
+        exact = periodic_tail(window)
+        if exact is not None:
+            self._note_repetition(exact)
+            if (
+                exact.repeats >= cfg.repetition_min_repeats * relax
+                and exact.span >= cfg.repetition_min_span_chars * relax
+            ):
+                return self._fire(
+                    self._loop_kind(exact, window), exact.repeats, self._chars - exact.span
+                )
+        norm = self._norm[-cfg.window_chars :]
+        counter = periodic_tail(norm)
+        if counter is not None:
+            self._note_repetition(counter)
+            if (
+                counter.repeats >= cfg.counter_min_repeats * relax
+                and counter.span >= cfg.counter_min_span_chars * relax
+            ):
+                onset = self._norm_to_raw(self._norm_total - counter.span)
+                return self._fire(self._loop_kind(counter, norm), counter.repeats, onset)
+        return None
+
+    @staticmethod
+    def _loop_kind(tail: PeriodicTail, text: str) -> str:
+        unit = text[len(text) - tail.period :]
+        return "token-flood" if len(unit.split()) <= 1 else "repetition"
+
+    def _note_repetition(self, tail: PeriodicTail) -> None:
+        if tail.span >= 64:
+            score = tail.repeats
+            if self._repetition_max is None or score > self._repetition_max:
+                self._repetition_max = score
+
+    def _check_diversity(self, new: str, relax: float) -> Verdict | None:
+        cfg = self.config
+        self._words.extend(words_of(new))
+        self._checks += 1
+        if cfg.compression and self._checks % 4 == 0:
+            ratio_c = compression_ratio(self._raw[-cfg.compression_window_chars :])
+            if ratio_c >= cfg.compression_max_ratio * relax:
+                onset = self._chars - cfg.compression_window_chars
+                return self._fire("compression", ratio_c, onset)
+        words = list(self._words)
+        ratio = distinct_ratio(words)
+        if ratio is None or len(words) < min(cfg.diversity_min_words, self._words.maxlen or 0):
+            return None
+        if self._diversity_min is None or ratio < self._diversity_min:
+            self._diversity_min = ratio
+        recent_chars = sum(len(w) + 1 for w in words)
+        if cfg.diversity and ratio < cfg.diversity_min_ratio / relax:
+            return self._fire("low-diversity", 1.0 - ratio, self._chars - recent_chars)
+        # The n-gram rate is only worth computing when the words are already repetitive.
+        if cfg.ngram and ratio < 0.5:
+            rate = repeated_ngram_rate(words)
+            if rate >= cfg.ngram_max_repeat_rate:
+                ratio_c = compression_ratio(" ".join(words))
+                if ratio_c >= cfg.ngram_min_compression * relax:
+                    if self._ngram_streak == 0:
+                        self._ngram_onset = self._chars - recent_chars
+                    self._ngram_streak += 1
+                    if self._ngram_streak >= cfg.ngram_sustain_checks:
+                        return self._fire("near-repetition", rate, self._ngram_onset)
+                    return None
+        self._ngram_streak = 0
+        return None
+
+    def _check_script(self, new: str) -> Verdict | None:
+        cfg = self.config
+        counts = script_counts(new)
+        base_total = sum(self._script_base.values())
+        if base_total < cfg.script_establish_letters:
+            self._script_base.update(counts)
+            return None
+        self._script_recent.append((len(new), counts))
+        span = sum(n for n, _ in self._script_recent)
+        while self._script_recent and span - self._script_recent[0][0] >= cfg.script_window_chars:
+            span -= self._script_recent.popleft()[0]
+        recent: Counter[str] = Counter()
+        for _, c in self._script_recent:
+            recent.update(c)
+        intrusion = intruding_share(self._script_base, recent)
+        foreign = intrusion is not None and intrusion[1] >= cfg.script_max_share
+        if intrusion is not None and foreign and recent[intrusion[0]] >= cfg.script_min_letters:
+            if self._script_streak == 0:
+                self._script_onset = self._chars - span
+            self._script_streak += 1
+            if self._script_streak >= cfg.script_sustain_checks:
+                return self._fire("script-intrusion", intrusion[1], self._script_onset)
+            return None
+        self._script_streak = 0
+        # Letters that did not intrude extend the established mix (it follows the stream slowly).
+        if intrusion is None or intrusion[1] < 0.05:
+            self._script_base.update(counts)
+        return None
+
+    def _check_language(self, new: str, final: bool) -> Verdict | None:
+        """Identify consecutive segments; fire when off-language text holds on and has grown to
+        a real share of the stream (a quoted English paragraph in a long page does not)."""
+        from proxy.language import classify, strip_noise
+
+        cfg = self.config
+        if not self._lang_buf:
+            self._lang_seg_start = self._chars - len(new)
+            self._lang_seg_fenced = (self._fences - new.count("```")) % 2 == 1
+        self._lang_buf.append(new)
+        self._lang_buf_chars += len(new)
+        if self._lang_buf_chars < cfg.language_segment_chars and not final:
+            return None
+        segment = "".join(self._lang_buf)
+        clean = strip_noise("```" + segment if self._lang_seg_fenced else segment)
+        short = len(clean) < cfg.language_min_chars
+        if short and not final and self._lang_buf_chars < 4 * cfg.language_segment_chars:
+            return None  # mostly code or markup so far: keep collecting
+        self._lang_buf.clear()
+        self._lang_buf_chars = 0
+        if len(clean) < cfg.language_min_chars:
+            return None
+        found = classify(clean)
+        if found is None or found[1] < cfg.language_min_confidence:
+            return None
+        code, confidence = found
+        reference = self.expected_language or self._lang_established
+        if reference is None:
+            self._lang_established = code
+            self._lang_total += len(clean)
+            return None
+        self._lang_total += len(clean)
+        if _same_language(reference, code):
+            self._lang_streak = 0
+            return None
+        self._lang_off += len(clean)
+        if self._lang_streak == 0:
+            self._lang_onset = self._lang_seg_start
+        self._lang_streak += 1
+        if (
+            self._lang_streak >= cfg.language_sustain_segments
+            and self._lang_off >= cfg.language_min_share * self._lang_total
+        ):
+            return self._fire("language-drift", confidence, self._lang_onset)
+        return None
+
+    def _check_entropy(self) -> Verdict | None:
+        cfg = self.config
+        mean = self._entropy.mean
+        if mean is None:
+            return None
+        if self._entropy.full and (self._entropy_min is None or mean < self._entropy_min):
+            self._entropy_min = mean
+        if self._entropy.full and mean <= cfg.entropy_max_nats:
+            ratio = compression_ratio(self._raw[-cfg.compression_window_chars :])
+            if ratio >= cfg.entropy_min_compression:
+                onset = self._chars - cfg.compression_window_chars
+                return self._fire("entropy-collapse", -math.log(max(mean, 1e-6)), onset)
+        return None

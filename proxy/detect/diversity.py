@@ -1,0 +1,46 @@
+"""Lexical diversity and compressibility of the rolling window.
+
+Floods and babble loops use few distinct words and compress far better than ordinary text. Both
+measures are computed with C-implemented primitives (``set``, ``zlib``) over a bounded window,
+so a check costs microseconds.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+
+_WORD = re.compile(r"\w+|[^\w\s]+")
+_DIGITS = re.compile(r"\d+")
+
+
+def words_of(text: str) -> list[str]:
+    """Word and punctuation tokens, case-folded, digit runs normalised to ``0``."""
+    return _WORD.findall(_DIGITS.sub("0", text.lower()))
+
+
+def distinct_ratio(words: list[str]) -> float | None:
+    """Type-token ratio of ``words`` (distinct-1); ``None`` for fewer than 20 words."""
+    if len(words) < 20:
+        return None
+    return len(set(words)) / len(words)
+
+
+def mattr(words: list[str], span: int = 50) -> float | None:
+    """Moving-average type-token ratio over non-overlapping blocks of ``span`` words.
+
+    Averaging blocks makes the value independent of window length (a plain TTR falls as text
+    grows); non-overlapping blocks keep it cheap.
+    """
+    blocks = [words[i : i + span] for i in range(0, len(words) - span + 1, span)]
+    if not blocks:
+        return None
+    return sum(len(set(b)) for b in blocks) / (span * len(blocks))
+
+
+def compression_ratio(text: str) -> float:
+    """Raw size over zlib-compressed size of the UTF-8 text (Whisper's gzip check, cheaper)."""
+    data = text.encode("utf-8")
+    if not data:
+        return 1.0
+    return len(data) / len(zlib.compress(data, 6))

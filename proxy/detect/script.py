@@ -1,0 +1,85 @@
+"""Unicode-script shares: foreign-script intrusion against the stream's established mix.
+
+The mix is learnt from the stream itself (the first stretch of letters), so a Japanese answer
+that mixes Han, Hiragana and Katakana is normal, and so are Latin terms inside CJK or Cyrillic
+text. What fires is a script that was (almost) absent from the established mix taking a large
+share of the recent window: Chinese characters inside an Italian answer, Hangul inside English.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+# Scripts that matter for LLM output, as regex classes. Han, Hiragana and Katakana are kept apart
+# so the established mix can tell Japanese from Chinese.
+_SCRIPTS: dict[str, str] = {
+    "Latin": "A-Za-z\u00c0-\u024f\u1e00-\u1eff",
+    "Cyrillic": "\u0400-\u052f",
+    "Greek": "\u0370-\u03ff",
+    "Arabic": "\u0600-\u06ff\u0750-\u077f\ufb50-\ufdff\ufe70-\ufeff",
+    "Hebrew": "\u0590-\u05ff",
+    "Devanagari": "\u0900-\u097f",
+    "Thai": "\u0e00-\u0e7f",
+    "Hangul": "\u1100-\u11ff\u3130-\u318f\uac00-\ud7af",
+    "Hiragana": "\u3040-\u309f",
+    "Katakana": "\u30a0-\u30ff\u31f0-\u31ff",
+    "Han": "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff",
+    "Other": (
+        "\u0530-\u058f\u0980-\u0dff\u0f00-\u0fff\u1000-\u109f\u10a0-\u10ff\u1200-\u137f"
+        "\u1780-\u17ff"
+    ),
+}
+_RUN = re.compile("|".join(f"([{cls}]+)" for cls in _SCRIPTS.values()))
+_NAMES = tuple(_SCRIPTS)
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+_ASCII_LETTERS = re.compile(r"[A-Za-z]+")
+
+
+def script_counts(text: str) -> Counter[str]:
+    """Letters per script in ``text`` (ASCII-only text takes a fast path)."""
+    counts: Counter[str] = Counter()
+    if _NON_ASCII.search(text) is None:
+        latin = sum(len(m) for m in _ASCII_LETTERS.findall(text))
+        if latin:
+            counts["Latin"] = latin
+        return counts
+    for match in _RUN.finditer(text):
+        index = match.lastindex
+        if index is not None:
+            counts[_NAMES[index - 1]] += match.end() - match.start()
+    return counts
+
+
+# Scripts that count as one writing system when judging intrusion: Japanese text mixes Han and
+# kana, Korean text may carry Hanja.
+_FAMILIES: dict[str, frozenset[str]] = {
+    "Han": frozenset({"Han", "Hiragana", "Katakana", "Hangul"}),
+    "Hiragana": frozenset({"Han", "Hiragana", "Katakana"}),
+    "Katakana": frozenset({"Han", "Hiragana", "Katakana"}),
+    "Hangul": frozenset({"Hangul", "Han"}),
+}
+
+
+def intruding_share(established: Counter[str], recent: Counter[str]) -> tuple[str, float] | None:
+    """The largest share in ``recent`` held by a script foreign to ``established``.
+
+    A script is foreign when it (with its family) held under 2 % of the established letters.
+    Latin never counts as foreign against a non-Latin mix: technical terms, names and code are
+    written in Latin everywhere.
+    """
+    base_total = sum(established.values())
+    recent_total = sum(recent.values())
+    if base_total == 0 or recent_total == 0:
+        return None
+    worst: tuple[str, float] | None = None
+    for script, count in recent.items():
+        if script == "Latin":
+            continue
+        family = _FAMILIES.get(script, frozenset({script}))
+        if any(established.get(s, 0) > 0.02 * base_total for s in family):
+            continue
+        share = count / recent_total
+        if worst is None or share > worst[1]:
+            worst = (script, share)
+    return worst
