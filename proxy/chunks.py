@@ -1,0 +1,147 @@
+"""What the guard reads out of an OpenAI/vLLM streaming chunk, and the chunks it writes itself.
+
+Pure: JSON in, plain values out. One ``orjson.loads`` per event; nothing is re-serialised unless
+the relay has to change the event (strip usage the client did not ask for, end an aborted
+choice).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.detect import Verdict
+
+#: Channels of a chat delta whose text the detector watches, in the order they are fed.
+#: ``reasoning_content`` is the pre-PR-#27752 name of vLLM's ``reasoning``; both are accepted.
+REASONING_KEYS = ("reasoning", "reasoning_content")
+
+
+@dataclass(slots=True)
+class Piece:
+    """A piece of generated text and where it belongs (for reassembling non-streamed answers).
+
+    ``channel`` is ``content``, ``reasoning``/``reasoning_content``, ``text`` (completions) or
+    ``tool`` (then ``tool_index`` says which call's arguments).
+    """
+
+    channel: str
+    text: str
+    tool_index: int = 0
+
+
+@dataclass(slots=True)
+class ChoiceDelta:
+    index: int
+    text: str
+    pieces: list[Piece]
+    finish_reason: str | None
+    choice: dict[str, Any]
+
+
+def parse(data: bytes) -> Any:
+    """``orjson.loads``; raises ``orjson.JSONDecodeError`` (a ValueError) on bad JSON."""
+    return orjson.loads(data)
+
+
+def choice_deltas(chunk: dict[str, Any]) -> list[ChoiceDelta]:
+    """The text each choice of ``chunk`` adds, chat or completions alike."""
+    choices = chunk.get("choices")
+    if not isinstance(choices, list):
+        return []
+    out: list[ChoiceDelta] = []
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        index = choice.get("index", 0)
+        if not isinstance(index, int):
+            index = 0
+        pieces: list[Piece] = []
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            for key in REASONING_KEYS:
+                value = delta.get(key)
+                if isinstance(value, str) and value:
+                    pieces.append(Piece(key, value))
+            content = delta.get("content")
+            if isinstance(content, str) and content:
+                pieces.append(Piece("content", content))
+            calls = delta.get("tool_calls")
+            if isinstance(calls, list):
+                for call in calls:
+                    if not isinstance(call, dict):
+                        continue
+                    fn = call.get("function")
+                    args = fn.get("arguments") if isinstance(fn, dict) else None
+                    if isinstance(args, str) and args:
+                        tool_index = call.get("index", 0)
+                        pieces.append(
+                            Piece("tool", args, tool_index if isinstance(tool_index, int) else 0)
+                        )
+        else:
+            text = choice.get("text")
+            if isinstance(text, str) and text:
+                pieces.append(Piece("text", text))
+        text = pieces[0].text if len(pieces) == 1 else "".join(p.text for p in pieces)
+        finish = choice.get("finish_reason")
+        out.append(
+            ChoiceDelta(index, text, pieces, finish if isinstance(finish, str) else None, choice)
+        )
+    return out
+
+
+def logprobs_content(choice: dict[str, Any]) -> list[Any] | None:
+    """The chat ``logprobs.content`` list of a choice, when the upstream sent logprobs."""
+    lp = choice.get("logprobs")
+    if isinstance(lp, dict):
+        content = lp.get("content")
+        if isinstance(content, list):
+            return content
+    return None
+
+
+def guard_object(
+    verdict: Verdict, completion_tokens: int, action: str = "aborted"
+) -> dict[str, Any]:
+    """The ``guard`` extension object attached to an aborted (or observed) choice."""
+    return {
+        "action": action,
+        "signal": verdict.signal,
+        "score": verdict.score,
+        "completion_tokens": completion_tokens,
+        "onset_char": verdict.onset_char,
+    }
+
+
+def mark_aborted(
+    choice: dict[str, Any], verdict: Verdict, finish_reason: str, completion_tokens: int
+) -> None:
+    """End ``choice`` (a dict from a chunk or a response) as the guard's abort does."""
+    choice["finish_reason"] = finish_reason
+    choice["stop_reason"] = "coherence_guard:" + verdict.signal
+    choice["guard"] = guard_object(verdict, completion_tokens)
+
+
+def usage_chunk(template: dict[str, Any], usage: dict[str, Any]) -> bytes:
+    """The ``choices: []`` usage chunk, with the id/object/created/model of ``template``."""
+    keys = ("id", "object", "created", "model")
+    out: dict[str, Any] = {k: template[k] for k in keys if k in template}
+    out["choices"] = []
+    out["usage"] = usage
+    return orjson.dumps(out)
+
+
+def strip_usage(data: bytes, chunk: dict[str, Any]) -> bytes:
+    """``data`` without its ``usage`` field, cutting bytes when it is the last key (vLLM's
+    layout) and re-serialising only otherwise."""
+    if next(reversed(chunk)) == "usage":
+        cut = data.rfind(b',"usage":')
+        if cut > 0 and data[-1:] == b"}":
+            return data[:cut] + b"}"
+    return orjson.dumps({k: v for k, v in chunk.items() if k != "usage"})
+
+
+def dumps(obj: Any) -> bytes:
+    return orjson.dumps(obj)

@@ -1,0 +1,550 @@
+"""A fake vLLM OpenAI-compatible server that speaks vLLM's wire format over a real socket.
+
+Hand-written HTTP/1.1 on asyncio streams (keep-alive, chunked responses) so a test controls the
+bytes exactly: how the SSE stream is cut into TCP writes, when a connection dies, how long each
+token takes. It records every request (method, path, headers, JSON body) and, for streams, when
+the client disconnected — the proof that the proxy closed the upstream (which is what makes
+the real vLLM abort the generation).
+
+Wire format (see FACTS.md; vLLM serialises pydantic models with unset fields excluded, compact
+JSON, non-ASCII unescaped):
+
+    data: {"id":"chatcmpl-…","object":"chat.completion.chunk","created":…,"model":…,
+           "choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,
+           "finish_reason":null}]}
+
+Runs in its own thread with its own event loop, so sync and async tests can both use it, or as
+a process: ``python -m tests.fakes.vllm --port 8000 --text-file healthy.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+_TOKEN = re.compile(r"\s*\S+|\s+")
+
+
+def tokenize(text: str) -> list[str]:
+    """Word-level pieces with their leading whitespace, the way BPE tokens usually look."""
+    return _TOKEN.findall(text)
+
+
+@dataclass
+class Script:
+    """What the fake does for one request.
+
+    ``texts`` holds one text per choice index (the last is reused for higher indices);
+    ``reasoning`` is streamed on the ``reasoning`` channel first. ``chunk_delay`` is the delay
+    before each token chunk; ``write_sizes`` cuts the response body into TCP writes of those
+    sizes (cycled) instead of one write per event. ``die_after`` drops the connection after that
+    many token chunks. ``status``/``error_body`` answer with an error instead of a stream.
+    ``raw_stream`` is sent verbatim as the SSE body. ``reject_stream_options`` answers 400 like
+    an engine that does not know vLLM's usage options. ``hang`` never answers.
+    """
+
+    texts: list[str] = field(default_factory=lambda: ["Hello there, this is a healthy reply."])
+    reasoning: str | None = None
+    tool_call: tuple[str, str] | None = None
+    finish_reason: str = "stop"
+    chunk_delay: float = 0.0
+    first_delay: float = 0.0
+    write_sizes: list[int] | None = None
+    die_after: int | None = None
+    mid_stream_error: int | None = None
+    status: int | None = None
+    error_body: bytes | None = None
+    raw_stream: bytes | None = None
+    reject_stream_options: bool = False
+    hang: bool = False
+    model: str = "fake-model"
+    prompt_tokens: int = 7
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    started: float
+    json: Any = None
+    finished: float | None = None
+    disconnected: float | None = None
+    chunks_sent: int = 0
+    completed: bool = False
+
+
+class FakeVLLM:
+    """The server; ``script`` is what the next requests get (``scripts`` queue wins)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host = host
+        self.port = port
+        self.script = Script()
+        self.scripts: list[Script] = []
+        self.requests: list[Recorded] = []
+        self.on_request: Callable[[Recorded], None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> FakeVLLM:
+        self._thread = threading.Thread(target=self._run, name="fake-vllm", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("fake vLLM did not start")
+        return self
+
+    def _run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._ready.set()
+        await self._stop.wait()
+        self._server.close()
+        for w in list(self._writers):
+            w.transport.abort()
+        await self._server.wait_closed()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def __enter__(self) -> FakeVLLM:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            time.sleep(0.005)
+        return predicate()
+
+    @property
+    def last(self) -> Recorded:
+        return self.requests[-1]
+
+    def guarded_requests(self) -> list[Recorded]:
+        return [r for r in self.requests if r.path.endswith("completions")]
+
+    # ------------------------------------------------------------------ HTTP
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                lines = head.decode("latin-1").split("\r\n")
+                method, target, _ = lines[0].split(" ", 2)
+                headers: dict[str, str] = {}
+                for line in lines[1:]:
+                    if line:
+                        k, _, v = line.partition(":")
+                        headers[k.strip().lower()] = v.strip()
+                length = int(headers.get("content-length", "0"))
+                body = await reader.readexactly(length) if length else b""
+                rec = Recorded(method, target, headers, body, time.monotonic())
+                with contextlib.suppress(ValueError):
+                    rec.json = orjson.loads(body) if body else None
+                self.requests.append(rec)
+                if self.on_request is not None:
+                    self.on_request(rec)
+                keep = await self._respond(rec, reader, writer)
+                rec.finished = time.monotonic()
+                if not keep:
+                    return
+        finally:
+            self._writers.discard(writer)
+            writer.transport.abort()
+
+    def _next_script(self) -> Script:
+        return self.scripts.pop(0) if self.scripts else self.script
+
+    async def _respond(
+        self, rec: Recorded, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        path = rec.path.split("?")[0]
+        if path in ("/v1/chat/completions", "/v1/completions") and rec.method == "POST":
+            return await self._completion(rec, reader, writer, self._next_script())
+        if path == "/health":
+            return self._send(writer, 200, b"", "text/plain")
+        if path == "/v1/models":
+            body = {
+                "object": "list",
+                "data": [{"id": self.script.model, "object": "model", "owned_by": "vllm"}],
+            }
+            return self._send(writer, 200, orjson.dumps(body))
+        if path == "/version":
+            return self._send(writer, 200, b'{"version":"0.11.0"}')
+        if path in ("/tokenize", "/v1/embeddings", "/echo"):
+            echo = {"path": rec.path, "method": rec.method, "body": rec.json}
+            return self._send(writer, 200, orjson.dumps(echo), extra={"x-fake": "yes"})
+        return self._send(writer, 404, b'{"detail":"Not Found"}')
+
+    def _send(
+        self,
+        writer: asyncio.StreamWriter,
+        status: int,
+        body: bytes,
+        ctype: str = "application/json",
+        extra: dict[str, str] | None = None,
+    ) -> bool:
+        head = [
+            f"HTTP/1.1 {status} X",
+            "date: Mon, 01 Jan 2024 00:00:00 GMT",
+            "server: uvicorn",
+            f"content-length: {len(body)}",
+            f"content-type: {ctype}",
+        ]
+        for k, v in (extra or {}).items():
+            head.append(f"{k}: {v}")
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        return True
+
+    async def _completion(
+        self,
+        rec: Recorded,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        script: Script,
+    ) -> bool:
+        req = rec.json if isinstance(rec.json, dict) else {}
+        if script.hang:
+            await reader.read()
+            rec.disconnected = time.monotonic()
+            return False
+        if script.status is not None:
+            err = script.error_body or orjson.dumps(
+                {
+                    "error": {
+                        "message": "fake upstream error",
+                        "type": "BadRequestError",
+                        "param": None,
+                        "code": script.status,
+                    }
+                }
+            )
+            return self._send(writer, script.status, err)
+        if script.reject_stream_options and "stream_options" in req:
+            err = orjson.dumps(
+                {
+                    "object": "error",
+                    "message": "Unrecognized request argument supplied: stream_options",
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": 400,
+                }
+            )
+            return self._send(writer, 400, err)
+        chat = rec.path.startswith("/v1/chat")
+        if not req.get("stream"):
+            body = self._non_stream(req, chat, script)
+            return self._send(writer, 200, orjson.dumps(body))
+
+        head = (
+            "HTTP/1.1 200 OK\r\ndate: Mon, 01 Jan 2024 00:00:00 GMT\r\nserver: uvicorn\r\n"
+            "content-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
+        writer.write(head.encode())
+        gone = asyncio.Event()
+
+        async def watch() -> None:
+            # The client sends nothing while a response streams: EOF means it went away.
+            try:
+                data = await reader.read(1)
+            except ConnectionError:
+                data = b""
+            if data:  # a pipelined request: give the byte back for the next readuntil
+                reader._buffer[0:0] = data  # type: ignore[attr-defined]
+                return
+            rec.disconnected = time.monotonic()
+            gone.set()
+
+        watcher = asyncio.create_task(watch())
+        sizes = list(script.write_sizes or [])
+        pending = b""
+        try:
+            for i, event in enumerate(self._events(req, chat, script)):
+                delay = script.first_delay if i == 0 else script.chunk_delay
+                if delay and event is not None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(gone.wait(), delay)
+                if gone.is_set():
+                    return False
+                if event is None:  # die here
+                    writer.transport.abort()
+                    return False
+                if sizes:
+                    pending += event
+                    while pending and len(pending) >= sizes[0]:
+                        n = sizes[0]
+                        sizes.append(sizes.pop(0))
+                        self._chunk(writer, pending[:n])
+                        pending = pending[n:]
+                else:
+                    self._chunk(writer, event)
+                rec.chunks_sent += 1
+                await writer.drain()
+                await asyncio.sleep(0)
+            if pending:
+                self._chunk(writer, pending)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+            rec.completed = True
+        except ConnectionError:
+            rec.disconnected = rec.disconnected or time.monotonic()
+            return False
+        finally:
+            if not watcher.done():
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+        return not gone.is_set()
+
+    @staticmethod
+    def _chunk(writer: asyncio.StreamWriter, data: bytes) -> None:
+        writer.write(b"%x\r\n" % len(data) + data + b"\r\n")
+
+    # ------------------------------------------------------------------ vLLM payloads
+    def _events(self, req: dict[str, Any], chat: bool, script: Script) -> list[bytes | None]:
+        if script.raw_stream is not None:
+            return [script.raw_stream]
+        n = int(req.get("n") or 1)
+        opts = req.get("stream_options") or {}
+        usage = bool(opts.get("include_usage"))
+        continuous = usage and bool(opts.get("continuous_usage_stats"))
+        rid = ("chatcmpl-" if chat else "cmpl-") + "fake0123456789"
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        created = 1700000000
+        model = req.get("model") or script.model
+        pt = script.prompt_tokens
+        counts = [0] * n
+        events: list[bytes | None] = []
+
+        def emit(index: int, choice: dict[str, Any]) -> None:
+            chunk: dict[str, Any] = {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": model,
+                "choices": [choice],
+            }
+            if continuous:
+                ct = counts[index]
+                chunk["usage"] = {
+                    "prompt_tokens": pt,
+                    "total_tokens": pt + ct,
+                    "completion_tokens": ct,
+                }
+            events.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
+
+        streams: list[list[tuple[str, str]]] = []
+        for i in range(n):
+            text = script.texts[min(i, len(script.texts) - 1)]
+            items: list[tuple[str, str]] = []
+            if script.reasoning and chat:
+                items += [("reasoning", t) for t in tokenize(script.reasoning)]
+            items += [("content" if chat else "text", t) for t in tokenize(text)]
+            if script.tool_call and chat:
+                name, args = script.tool_call
+                items.append(("tool_name", name))
+                items += [("tool", a) for a in re.findall(r".{1,6}", args, re.S)]
+            streams.append(items)
+        if chat:
+            for i in range(n):
+                emit(
+                    i,
+                    {
+                        "index": i,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    },
+                )
+        longest = max(len(s) for s in streams)
+        token_no = 0
+        for step in range(longest):
+            for i in range(n):
+                if step >= len(streams[i]):
+                    continue
+                kind, piece = streams[i][step]
+                counts[i] += 1
+                token_no += 1
+                if chat:
+                    if kind == "tool_name":
+                        delta: dict[str, Any] = {
+                            "tool_calls": [
+                                {
+                                    "id": "chatcmpl-tool-1",
+                                    "type": "function",
+                                    "index": 0,
+                                    "function": {"name": piece},
+                                }
+                            ]
+                        }
+                    elif kind == "tool":
+                        delta = {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
+                    else:
+                        delta = {kind: piece}
+                    emit(
+                        i,
+                        {"index": i, "delta": delta, "logprobs": None, "finish_reason": None},
+                    )
+                else:
+                    emit(
+                        i,
+                        {
+                            "index": i,
+                            "text": piece,
+                            "logprobs": None,
+                            "finish_reason": None,
+                            "stop_reason": None,
+                        },
+                    )
+                if script.die_after is not None and token_no >= script.die_after:
+                    events.append(None)
+                    return events
+                if script.mid_stream_error is not None and token_no >= script.mid_stream_error:
+                    err = {
+                        "error": {
+                            "message": "engine failure",
+                            "type": "InternalServerError",
+                            "param": None,
+                            "code": 500,
+                        }
+                    }
+                    events.append(b"data: " + orjson.dumps(err) + b"\n\n")
+                    events.append(b"data: [DONE]\n\n")
+                    return events
+        for i in range(n):
+            if chat:
+                last: dict[str, Any] = {
+                    "index": i,
+                    "delta": {"content": ""},
+                    "logprobs": None,
+                    "finish_reason": script.finish_reason,
+                    "stop_reason": None,
+                }
+            else:
+                last = {
+                    "index": i,
+                    "text": "",
+                    "logprobs": None,
+                    "finish_reason": script.finish_reason,
+                    "stop_reason": None,
+                }
+            emit(i, last)
+        if usage:
+            total = sum(counts)
+            final = {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": {
+                    "prompt_tokens": pt,
+                    "total_tokens": pt + total,
+                    "completion_tokens": total,
+                },
+            }
+            events.append(b"data: " + orjson.dumps(final) + b"\n\n")
+        events.append(b"data: [DONE]\n\n")
+        return events
+
+    def _non_stream(self, req: dict[str, Any], chat: bool, script: Script) -> dict[str, Any]:
+        n = int(req.get("n") or 1)
+        choices = []
+        total = 0
+        for i in range(n):
+            text = script.texts[min(i, len(script.texts) - 1)]
+            total += len(tokenize(text))
+            if chat:
+                message: dict[str, Any] = {"role": "assistant", "content": text, "tool_calls": []}
+                if script.reasoning:
+                    message["reasoning"] = script.reasoning
+                    total += len(tokenize(script.reasoning))
+                choices.append(
+                    {
+                        "index": i,
+                        "message": message,
+                        "logprobs": None,
+                        "finish_reason": script.finish_reason,
+                        "stop_reason": None,
+                    }
+                )
+            else:
+                choices.append(
+                    {
+                        "index": i,
+                        "text": text,
+                        "logprobs": None,
+                        "finish_reason": script.finish_reason,
+                        "stop_reason": None,
+                    }
+                )
+        pt = script.prompt_tokens
+        return {
+            "id": ("chatcmpl-" if chat else "cmpl-") + "fake0123456789",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": 1700000000,
+            "model": req.get("model") or script.model,
+            "choices": choices,
+            "usage": {"prompt_tokens": pt, "total_tokens": pt + total, "completion_tokens": total},
+        }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="fake vLLM OpenAI-compatible server")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--text-file", help="text to stream for every request")
+    parser.add_argument("--chunk-delay", type=float, default=0.0, help="seconds per token")
+    args = parser.parse_args(argv)
+    fake = FakeVLLM(args.host, args.port)
+    if args.text_file:
+        with open(args.text_file, encoding="utf-8") as fh:
+            fake.script = Script(texts=[fh.read()], chunk_delay=args.chunk_delay)
+    else:
+        fake.script = Script(chunk_delay=args.chunk_delay)
+    fake.start()
+    print(f"fake vLLM listening on {fake.url}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        fake.stop()
+
+
+if __name__ == "__main__":
+    main()
