@@ -257,6 +257,11 @@ def _run_tier(
                         )
                 if choice.get("finish_reason"):
                     result.finish_reason = choice["finish_reason"]
+            if detector.verdict is not None:
+                # The answer is judged: closing the stream makes the engine stop generating
+                # the rest of the loop instead of running on to max_tokens.
+                result.finish_reason = result.finish_reason or "aborted by check"
+                break
     result.seconds = time.monotonic() - started
     result.text = "".join(parts)
     if usage_tokens is not None:

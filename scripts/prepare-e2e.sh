@@ -84,12 +84,23 @@ if [[ ! -f "$MODEL_DIR/.done" ]]; then
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$ENGINE_VENV/bin/python" - "$GGUF_PATH" "$MODEL_DIR" <<'EOF'
 import pathlib, sys
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 gguf = pathlib.Path(sys.argv[1])
 out = pathlib.Path(sys.argv[2])
-model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+# dequantize=True unpacks every weight into a plain dense layer (transformers 5 would otherwise keep
+# them in GGUF blocks, which neither save_pretrained nor vLLM can use).
+model = AutoModelForCausalLM.from_pretrained(
+    gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16,
+    quantization_config=GgufConfig(dequantize=True),
+)
+packed = [n for n, m in model.named_modules() if "Gguf" in type(m).__name__]
+if packed:
+    sys.exit(f"weights still packed in GGUF blocks: {packed[:3]}")
 tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-# The weights are dequantized now: a leftover quantization config would make vLLM look for GGUF.
+# The weights are plain tensors now: drop the quantizer and its config, which would make
+# save_pretrained refuse and vLLM look for a GGUF file.
+model.hf_quantizer = None
+model.is_quantized = False
 if hasattr(model.config, "quantization_config"):
     del model.config.quantization_config
 model.save_pretrained(out, safe_serialization=True)
