@@ -36,6 +36,9 @@ EXIT_COHERENT = 0
 EXIT_DEGENERATE = 1
 EXIT_UNREACHABLE = 2
 
+#: Shown as the finish reason of a stream that check hung up on after the detector's verdict.
+_CLOSED = "(closed)"
+
 #: Characters of each answer shown in the report.
 PREVIEW_CHARS = 200
 
@@ -203,8 +206,10 @@ def _sse_data(chunks: Iterator[bytes]) -> Iterator[bytes]:
             buffer = buffer[cut + step :]
             if line.startswith(b"data:"):
                 yield line[5:].lstrip(b" ")
-    if buffer.startswith(b"data:"):
-        yield buffer[5:].lstrip(b" ")
+    # What is left holds no LF, and a CR only at its very end (the held-back line end).
+    line = buffer.removesuffix(b"\r")
+    if line.startswith(b"data:"):
+        yield line[5:].lstrip(b" ")
 
 
 def _run_tier(
@@ -260,7 +265,7 @@ def _run_tier(
             if detector.verdict is not None:
                 # The answer is judged: closing the stream makes the engine stop generating
                 # the rest of the loop instead of running on to max_tokens.
-                result.finish_reason = result.finish_reason or "aborted by check"
+                result.finish_reason = result.finish_reason or _CLOSED
                 break
     result.seconds = time.monotonic() - started
     result.text = "".join(parts)
@@ -268,12 +273,14 @@ def _run_tier(
         result.tokens = usage_tokens
     if detector.verdict is not None:
         result.verdict = "DEGENERATE"
-    if result.finish_reason != "stop":
+    if result.finish_reason not in ("stop", _CLOSED):
         result.verdict = "DEGENERATE"
         result.problems.append(
             f"finish_reason {result.finish_reason!r}"
             + (" (ran to max_tokens)" if result.finish_reason == "length" else "")
         )
+    if result.finish_reason == _CLOSED:
+        return result  # a cut-off answer: its content checks would only add noise
     failed = tier.checks(result.text)
     if failed:
         result.problems.extend(failed)
