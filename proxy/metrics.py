@@ -95,6 +95,7 @@ TTFT_BUCKETS: Final = (
 # the proxy's own process; prometheus-client only has the global switch).
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
+_GLOB = re.compile(r"[*?\[]")
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9/][A-Za-z0-9_.:/@+\-]{0,127}")
 
 M = TypeVar("M", bound=MetricWrapperBase)
@@ -382,8 +383,9 @@ class Metrics:
 
     @classmethod
     def from_settings(cls, settings: Any) -> Metrics:
-        """Cap from ``GUARD_METRICS_MAX_MODELS``; models named in sampling defaults come first."""
-        models = [m for m in getattr(settings, "sampling_defaults", {}) if m != "*"]
+        """Cap from ``GUARD_METRICS_MAX_MODELS``; models named in sampling defaults come first
+        (exact names only: those keys may be globs)."""
+        models = [m for m in getattr(settings, "sampling_defaults", {}) if not _GLOB.search(m)]
         return cls(max_models=settings.metrics_max_models, models=models)
 
     def _renderer(self, registry: CollectorRegistry) -> CollectorRegistry:

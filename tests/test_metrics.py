@@ -14,12 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from exposition_server import families, parse, value
 from prometheus_client import Counter, Histogram
 
 from proxy.detect import Summary, Verdict
 from proxy.metrics import OTHER, CappedLabel, Metrics, prepare_multiprocess
 from proxy.records import ChoiceRecord, GenerationRecord
+from tests.exposition_server import families, parse, value
 
 QUALITY_FAMILIES = {
     "guard_generations",
@@ -307,7 +307,8 @@ def test_from_settings_uses_cap_and_configured_models() -> None:
     from proxy.settings import load_settings
 
     settings = load_settings(
-        metrics_max_models=1, sampling_defaults={"*": {}, "big-model": {"temperature": 0.7}}
+        metrics_max_models=1,
+        sampling_defaults={"qwen*": {}, "big-model": {"temperature": 0.7}, "*": {}},
     )
     m = Metrics.from_settings(settings)
     m.record_generation(completed(model="big-model"))

@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from exposition_server import fixture, parse, serve_exposition, value
 
 from proxy.metrics import Metrics
 from proxy.vllm_config import parse_cache_dtype, watch_upstream_config
+from tests.exposition_server import fixture, parse, serve_exposition, value
 
 INFO = "guard_upstream_kv_cache_dtype_info"
 SCRAPES = "guard_proxy_upstream_config_scrapes_total"
