@@ -5,13 +5,14 @@
 #      registry here): debootstrap --variant=minbase + podman import;
 #   2. the proxy image built on it (Dockerfile, BASE_IMAGE=that base).
 # Usage: scripts/ci-container.sh            (prints the image name on success)
-# Env:   CG_BASE_IMAGE  name of the base image   (default localhost/coherence-guard-base:bookworm)
+# Env:   CG_BASE_IMAGE  name of the base image   (default localhost/coherence-guard-base:bookworm-2)
 #        CG_IMAGE       name of the proxy image  (default localhost/coherence-guard:ci)
 #        DEBIAN_MIRROR  (default http://deb.debian.org/debian)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-BASE=${CG_BASE_IMAGE:-localhost/coherence-guard-base:bookworm}
+# Bump the tag when the base recipe below changes, so machines that keep images rebuild it.
+BASE=${CG_BASE_IMAGE:-localhost/coherence-guard-base:bookworm-2}
 IMAGE=${CG_IMAGE:-localhost/coherence-guard:ci}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 PODMAN=(podman --runtime runc)
@@ -24,8 +25,15 @@ if ! "${PODMAN[@]}" image exists "$BASE"; then
         bookworm "$rootfs" "$MIRROR" >/tmp/cg-debootstrap.log 2>&1 \
         || { tail -20 /tmp/cg-debootstrap.log >&2; exit 1; }
     rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+    # This machine's extra CAs (a TLS-intercepting egress proxy, say): the build installs from
+    # PyPI and the base's pip (Debian's, 23.x) trusts only the bundle named by PIP_CERT.
+    if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+        cp /usr/local/share/ca-certificates/*.crt "$rootfs"/usr/local/share/ca-certificates/
+        chroot "$rootfs" update-ca-certificates >/dev/null 2>&1
+    fi
     tar -C "$rootfs" -c . | "${PODMAN[@]}" import \
-        --change 'CMD ["/bin/bash"]' --change 'ENV LANG=C.UTF-8' - "$BASE" >/dev/null
+        --change 'CMD ["/bin/bash"]' --change 'ENV LANG=C.UTF-8' \
+        --change 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' - "$BASE" >/dev/null
     rm -rf "$rootfs"
     trap - EXIT
 fi
