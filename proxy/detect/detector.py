@@ -28,7 +28,7 @@ from proxy.detect.repetition import (
     periodic_tail,
     repeated_ngram_rate,
 )
-from proxy.detect.script import intruding_share, script_counts
+from proxy.detect.script import intruding_share, script_counts, scripts_of_language
 from proxy.detect.types import DetectorConfig, Summary, Verdict
 
 # Languages close enough that fastText confuses them on short windows; a switch inside a group
@@ -93,8 +93,14 @@ class Detector:
         # signal state
         self._ngram_streak = 0
         self._ngram_onset = 0
-        self._script_base: Counter[str] = Counter()
+        self._json_like: bool | None = None
+        self._script_base: Counter[str] = Counter(
+            dict.fromkeys(scripts_of_language(self.expected_language), cfg.script_establish_letters)
+        )
+        self._script_base_total = sum(self._script_base.values())
         self._script_recent: deque[tuple[int, Counter[str]]] = deque()
+        self._script_sum: Counter[str] = Counter()
+        self._script_span = 0
         self._script_streak = 0
         self._script_onset = 0
         self._words: deque[str] = deque(maxlen=max(20, cfg.ngram_window_words))
@@ -194,7 +200,12 @@ class Detector:
 
     def _structured_context(self) -> bool:
         """Inside fenced code, a Markdown table or JSON output repetition is expected."""
-        if self.structured or self._fences % 2 == 1:
+        if self._json_like is None:
+            head = self._raw.lstrip()[:1]
+            if head:
+                # Output that opens with a bracket is JSON even when the request did not say so.
+                self._json_like = head in ("{", "[")
+        if self.structured or self._json_like or self._fences % 2 == 1:
             return True
         tail = self._raw[-300:]
         lines = [ln for ln in tail.split("\n")[-4:] if ln.strip()]
@@ -208,7 +219,7 @@ class Detector:
         if cfg.repetition:
             verdict = self._check_repetition(relax)
         if verdict is None and (cfg.ngram or cfg.diversity or cfg.compression):
-            verdict = self._check_diversity(new, relax)
+            verdict = self._check_diversity(new, relax, final)
         if verdict is None and cfg.script:
             verdict = self._check_script(new)
         if verdict is None and cfg.language:
@@ -223,9 +234,8 @@ class Detector:
         exact = periodic_tail(window)
         if exact is not None:
             self._note_repetition(exact)
-            if (
-                exact.repeats >= cfg.repetition_min_repeats * relax
-                and exact.span >= cfg.repetition_min_span_chars * relax
+            if self._is_loop(
+                exact, window, cfg.repetition_min_repeats * relax, cfg.repetition_min_span_chars
             ):
                 return self._fire(
                     self._loop_kind(exact, window), exact.repeats, self._chars - exact.span
@@ -234,13 +244,26 @@ class Detector:
         counter = periodic_tail(norm)
         if counter is not None:
             self._note_repetition(counter)
-            if (
-                counter.repeats >= cfg.counter_min_repeats * relax
-                and counter.span >= cfg.counter_min_span_chars * relax
+            if self._is_loop(
+                counter, norm, cfg.counter_min_repeats * relax, cfg.counter_min_span_chars
             ):
                 onset = self._norm_to_raw(self._norm_total - counter.span)
                 return self._fire(self._loop_kind(counter, norm), counter.repeats, onset)
         return None
+
+    @staticmethod
+    def _is_loop(tail: PeriodicTail, text: str, min_repeats: float, min_span: int) -> bool:
+        """Enough copies covering enough text: ``repeats >= min_repeats`` and a loop "mass"
+        (span x repeats) of at least ``min_span x 4``, so a short tail needs many copies and a
+        long unit needs few; never under half of ``min_span``. A unit with no letter or digit
+        (rules of dashes, runs of blank lines) must cover twice ``min_span``: Markdown and
+        plain-text layout legitimately draws lines of one character."""
+        if tail.repeats < min_repeats:
+            return False
+        unit = text[len(text) - tail.period :]
+        if not any(ch.isalnum() for ch in unit):
+            return tail.span >= 2 * min_span
+        return tail.span >= min_span / 2 and tail.span * tail.repeats >= 4 * min_span * 1.0
 
     @staticmethod
     def _loop_kind(tail: PeriodicTail, text: str) -> str:
@@ -253,10 +276,12 @@ class Detector:
             if self._repetition_max is None or score > self._repetition_max:
                 self._repetition_max = score
 
-    def _check_diversity(self, new: str, relax: float) -> Verdict | None:
+    def _check_diversity(self, new: str, relax: float, final: bool) -> Verdict | None:
         cfg = self.config
         self._words.extend(words_of(new))
         self._checks += 1
+        if self._checks % 2 and not final:
+            return None  # every other check is enough for signals that need a sustained span
         if cfg.compression and self._checks % 4 == 0:
             ratio_c = compression_ratio(self._raw[-cfg.compression_window_chars :])
             if ratio_c >= cfg.compression_max_ratio * relax:
@@ -268,7 +293,7 @@ class Detector:
             return None
         if self._diversity_min is None or ratio < self._diversity_min:
             self._diversity_min = ratio
-        recent_chars = sum(len(w) + 1 for w in words)
+        recent_chars = sum(map(len, words)) + len(words)
         if cfg.diversity and ratio < cfg.diversity_min_ratio / relax:
             return self._fire("low-diversity", 1.0 - ratio, self._chars - recent_chars)
         # The n-gram rate is only worth computing when the words are already repetitive.
@@ -289,18 +314,24 @@ class Detector:
     def _check_script(self, new: str) -> Verdict | None:
         cfg = self.config
         counts = script_counts(new)
-        base_total = sum(self._script_base.values())
-        if base_total < cfg.script_establish_letters:
-            self._script_base.update(counts)
+        if self._script_base_total < cfg.script_establish_letters:
+            self._extend_script_base(counts)
             return None
+        recent = self._script_sum
         self._script_recent.append((len(new), counts))
-        span = sum(n for n, _ in self._script_recent)
-        while self._script_recent and span - self._script_recent[0][0] >= cfg.script_window_chars:
-            span -= self._script_recent.popleft()[0]
-        recent: Counter[str] = Counter()
-        for _, c in self._script_recent:
-            recent.update(c)
-        intrusion = intruding_share(self._script_base, recent)
+        recent.update(counts)
+        span = self._script_span = self._script_span + len(new)
+        while span - self._script_recent[0][0] >= cfg.script_window_chars:
+            n, old = self._script_recent.popleft()
+            span -= n
+            recent.subtract(old)
+        self._script_span = span
+        if sum(recent.values()) - recent["Latin"] <= 0:
+            # Latin is never foreign; an all-Latin window cannot intrude (the common case).
+            self._script_streak = 0
+            self._extend_script_base(counts)
+            return None
+        intrusion = intruding_share(self._script_base, +recent)
         foreign = intrusion is not None and intrusion[1] >= cfg.script_max_share
         if intrusion is not None and foreign and recent[intrusion[0]] >= cfg.script_min_letters:
             if self._script_streak == 0:
@@ -312,8 +343,12 @@ class Detector:
         self._script_streak = 0
         # Letters that did not intrude extend the established mix (it follows the stream slowly).
         if intrusion is None or intrusion[1] < 0.05:
-            self._script_base.update(counts)
+            self._extend_script_base(counts)
         return None
+
+    def _extend_script_base(self, counts: Counter[str]) -> None:
+        self._script_base.update(counts)
+        self._script_base_total += sum(counts.values())
 
     def _check_language(self, new: str, final: bool) -> Verdict | None:
         """Identify consecutive segments; fire when off-language text holds on and has grown to
@@ -335,21 +370,27 @@ class Detector:
             return None  # mostly code or markup so far: keep collecting
         self._lang_buf.clear()
         self._lang_buf_chars = 0
-        if len(clean) < cfg.language_min_chars:
+        # The last words of a stream are all there will be: half the usual length must do.
+        if len(clean) < (cfg.language_min_chars // 2 if final else cfg.language_min_chars):
             return None
         found = classify(clean)
-        if found is None or found[1] < cfg.language_min_confidence:
+        if found is None:
             return None
         code, confidence = found
         reference = self.expected_language or self._lang_established
         if reference is None:
-            self._lang_established = code
-            self._lang_total += len(clean)
+            if confidence >= cfg.language_min_confidence:
+                self._lang_established = code
+                self._lang_total += len(clean)
+            return None
+        if _same_language(reference, code):
+            if confidence >= cfg.language_native_confidence:
+                self._lang_total += len(clean)
+                self._lang_streak = 0
+            return None
+        if confidence < cfg.language_min_confidence:
             return None
         self._lang_total += len(clean)
-        if _same_language(reference, code):
-            self._lang_streak = 0
-            return None
         self._lang_off += len(clean)
         if self._lang_streak == 0:
             self._lang_onset = self._lang_seg_start

@@ -10,13 +10,14 @@ from __future__ import annotations
 import re
 import zlib
 
-_WORD = re.compile(r"\w+|[^\w\s]+")
-_DIGITS = re.compile(r"\d+")
+# Words that carry a letter: numbers and punctuation say nothing about lexical diversity (a CSV
+# of scores is not a flood), and floods of punctuation are the periodic-tail check's job.
+_WORD = re.compile(r"[^\W\d_]\w*")
 
 
 def words_of(text: str) -> list[str]:
-    """Word and punctuation tokens, case-folded, digit runs normalised to ``0``."""
-    return _WORD.findall(_DIGITS.sub("0", text.lower()))
+    """Case-folded words that contain a letter."""
+    return _WORD.findall(text.lower())
 
 
 def distinct_ratio(words: list[str]) -> float | None:
@@ -39,8 +40,12 @@ def mattr(words: list[str], span: int = 50) -> float | None:
 
 
 def compression_ratio(text: str) -> float:
-    """Raw size over zlib-compressed size of the UTF-8 text (Whisper's gzip check, cheaper)."""
-    data = text.encode("utf-8")
+    """Raw size over zlib-compressed size of the UTF-8 text (Whisper's gzip check, cheaper).
+
+    Whitespace runs are collapsed first: column alignment in tables and code is layout, not
+    repetition of content.
+    """
+    data = " ".join(text.split()).encode("utf-8")
     if not data:
         return 1.0
     return len(data) / len(zlib.compress(data, 6))

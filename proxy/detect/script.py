@@ -33,14 +33,14 @@ _SCRIPTS: dict[str, str] = {
 _RUN = re.compile("|".join(f"([{cls}]+)" for cls in _SCRIPTS.values()))
 _NAMES = tuple(_SCRIPTS)
 _NON_ASCII = re.compile(r"[^\x00-\x7f]")
-_ASCII_LETTERS = re.compile(r"[A-Za-z]+")
+_NOT_ASCII_LETTER = re.compile(r"[^A-Za-z]+")
 
 
 def script_counts(text: str) -> Counter[str]:
     """Letters per script in ``text`` (ASCII-only text takes a fast path)."""
     counts: Counter[str] = Counter()
     if _NON_ASCII.search(text) is None:
-        latin = sum(len(m) for m in _ASCII_LETTERS.findall(text))
+        latin = len(_NOT_ASCII_LETTER.sub("", text))
         if latin:
             counts["Latin"] = latin
         return counts
@@ -83,3 +83,31 @@ def intruding_share(established: Counter[str], recent: Counter[str]) -> tuple[st
         if worst is None or share > worst[1]:
             worst = (script, share)
     return worst
+
+
+_LANGUAGE_SCRIPTS: dict[str, tuple[str, ...]] = {
+    "ja": ("Han", "Hiragana", "Katakana"),
+    "zh": ("Han",),
+    "ko": ("Hangul", "Han"),
+    "ar": ("Arabic",),
+    "fa": ("Arabic",),
+    "ur": ("Arabic",),
+    "he": ("Hebrew",),
+    "el": ("Greek",),
+    "hi": ("Devanagari",),
+    "mr": ("Devanagari",),
+    "ne": ("Devanagari",),
+    "th": ("Thai",),
+    **dict.fromkeys(("ru", "uk", "be", "bg", "sr", "mk", "kk", "ky", "mn"), ("Cyrillic",)),
+}
+
+
+def scripts_of_language(code: str | None) -> tuple[str, ...]:
+    """The scripts a language is written in (Latin for the many not listed); () for None.
+
+    Lets the established mix start from the requested language, so a Japanese page whose first
+    lines are English option names does not make its Japanese look like an intrusion.
+    """
+    if not code:
+        return ()
+    return _LANGUAGE_SCRIPTS.get(code, ("Latin",))

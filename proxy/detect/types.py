@@ -41,7 +41,7 @@ class DetectorConfig:
     ngram_window_words: int = 240
     ngram_max_repeat_rate: float = 0.6
     ngram_min_compression: float = 3.5
-    ngram_sustain_checks: int = 3
+    ngram_sustain_checks: int = 2
 
     # 3. lexical diversity (floods and babble): distinct-word ratio of the recent words
     diversity: bool = True
@@ -56,12 +56,15 @@ class DetectorConfig:
     script_min_letters: int = 60
     script_sustain_checks: int = 2
 
-    # 5. language drift (fastText lid.176 on cleaned, consecutive segments of the text)
+    # 5. language drift (fastText lid.176 on cleaned, consecutive segments of the text): fires
+    # when a segment is confidently in another language and off-language text has become at
+    # least language_min_share of the identified text (a quoted passage in a long page has not)
     language: bool = True
-    language_segment_chars: int = 192
-    language_min_chars: int = 100
-    language_min_confidence: float = 0.85
-    language_min_share: float = 0.34
+    language_segment_chars: int = 128
+    language_min_chars: int = 50
+    language_min_confidence: float = 0.9
+    language_native_confidence: float = 0.7
+    language_min_share: float = 0.5
     language_sustain_segments: int = 1
 
     # 6. entropy collapse (needs top_logprobs from the upstream)
