@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from collections import Counter, deque
 from typing import Any
 
@@ -45,6 +46,14 @@ _CLOSE_LANGUAGES: tuple[frozenset[str], ...] = (
     frozenset({"ar", "fa", "ur", "arz"}),
 )
 _GROUP = {code: group for group in _CLOSE_LANGUAGES for code in group}
+
+
+_CODE_SYMBOLS = re.compile(r"[{}();=$<>\[\]]")
+
+
+def _code_like(text: str) -> bool:
+    """Prose rarely has more than one brace, bracket, semicolon or sigil in 33 characters."""
+    return len(_CODE_SYMBOLS.findall(text)) > 0.03 * len(text)
 
 
 def _same_language(a: str, b: str) -> bool:
@@ -256,14 +265,17 @@ class Detector:
         """Enough copies covering enough text: ``repeats >= min_repeats`` and a loop "mass"
         (span x repeats) of at least ``min_span x 4``, so a short tail needs many copies and a
         long unit needs few; never under half of ``min_span``. A unit with no letter or digit
-        (rules of dashes, runs of blank lines) must cover twice ``min_span``: Markdown and
-        plain-text layout legitimately draws lines of one character."""
+        (rules of dashes, runs of blank lines) must cover twice ``min_span``, as Markdown and
+        plain-text layout legitimately draw lines of one character, unless it is several
+        characters long and recurs four times as often as a loop must."""
         if tail.repeats < min_repeats:
             return False
         unit = text[len(text) - tail.period :]
         if not any(ch.isalnum() for ch in unit):
+            if tail.period >= 3 and tail.repeats >= 4 * min_repeats:
+                return tail.span >= min_span  # a multi-character unit, not a drawn line
             return tail.span >= 2 * min_span
-        return tail.span >= min_span / 2 and tail.span * tail.repeats >= 4 * min_span * 1.0
+        return tail.span >= min_span / 2 and tail.mass >= 4 * min_span
 
     @staticmethod
     def _loop_kind(tail: PeriodicTail, text: str) -> str:
@@ -364,7 +376,11 @@ class Detector:
         if self._lang_buf_chars < cfg.language_segment_chars and not final:
             return None
         segment = "".join(self._lang_buf)
-        clean = strip_noise("```" + segment if self._lang_seg_fenced else segment)
+        clean = (
+            ""  # source code: identifiers and keywords are not a language the answer drifts to
+            if _code_like(segment)
+            else strip_noise("```" + segment if self._lang_seg_fenced else segment)
+        )
         short = len(clean) < cfg.language_min_chars
         if short and not final and self._lang_buf_chars < 4 * cfg.language_segment_chars:
             return None  # mostly code or markup so far: keep collecting
@@ -383,14 +399,12 @@ class Detector:
                 self._lang_established = code
                 self._lang_total += len(clean)
             return None
-        if _same_language(reference, code):
-            if confidence >= cfg.language_native_confidence:
-                self._lang_total += len(clean)
-                self._lang_streak = 0
-            return None
-        if confidence < cfg.language_min_confidence:
-            return None
+        # Every identified segment counts towards the total; only confident foreign ones count
+        # as drift, so unsure segments weigh on the side of the expected language.
         self._lang_total += len(clean)
+        if _same_language(reference, code) or confidence < cfg.language_min_confidence:
+            self._lang_streak = 0
+            return None
         self._lang_off += len(clean)
         if self._lang_streak == 0:
             self._lang_onset = self._lang_seg_start

@@ -37,6 +37,13 @@ class PeriodicTail:
     def repeats(self) -> float:
         return self.span / self.period if self.period else 0.0
 
+    @property
+    def mass(self) -> float:
+        """Span times repeats: how much text the loop covers, weighted by how often it recurs
+        (a long unit seen once is not a loop; a short unit seen many times over a few
+        characters is a stutter)."""
+        return self.span * self.repeats
+
 
 def _common_suffix(a: str, b: str) -> int:
     """Length of the longest common suffix of ``a`` and ``b`` (binary search on slices)."""
@@ -63,7 +70,7 @@ def periodic_span(text: str, period: int) -> int:
 
 
 def periodic_tail(text: str, *, probe: int = 24, candidates: int = 6) -> PeriodicTail | None:
-    """The periodic tail of ``text`` with the largest span among a few candidate periods.
+    """The periodic tail of ``text`` with the largest mass among a few candidate periods.
 
     Candidates are the distances back to the previous occurrences of the last ``probe``
     characters, nearest first; the nearest is the smallest period, later ones catch long units
@@ -81,9 +88,9 @@ def periodic_tail(text: str, *, probe: int = 24, candidates: int = 6) -> Periodi
         if pos < 0:
             break
         period = n - m - pos
-        span = periodic_span(text, period)
-        if best is None or span > best.span:
-            best = PeriodicTail(period, span)
+        found = PeriodicTail(period, periodic_span(text, period))
+        if best is None or found.mass > best.mass:
+            best = found
         end = pos + m - 1
     return best
 

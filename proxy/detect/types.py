@@ -57,14 +57,13 @@ class DetectorConfig:
     script_sustain_checks: int = 2
 
     # 5. language drift (fastText lid.176 on cleaned, consecutive segments of the text): fires
-    # when a segment is confidently in another language and off-language text has become at
-    # least language_min_share of the identified text (a quoted passage in a long page has not)
+    # when a segment is confidently in another language and such segments have become at least
+    # language_min_share of all identified text (a quoted passage in a long page has not)
     language: bool = True
     language_segment_chars: int = 128
     language_min_chars: int = 50
     language_min_confidence: float = 0.9
-    language_native_confidence: float = 0.7
-    language_min_share: float = 0.5
+    language_min_share: float = 0.4
     language_sustain_segments: int = 1
 
     # 6. entropy collapse (needs top_logprobs from the upstream)
