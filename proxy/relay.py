@@ -231,18 +231,14 @@ class StreamGuard:
         return encode_data(error.to_json()) + DONE_EVENT
 
     def eof(self) -> bytes:
-        """The upstream closed the body. Leftover bytes of an unterminated event are forwarded
-        as they were; a stream that ended without ``[DONE]`` is an upstream failure."""
-        rest = self.parser.flush()
+        """The upstream closed the body. A stream that ended without ``[DONE]`` is an upstream
+        failure; the bytes of an unterminated last event are dropped (see ``SSEParser.flush``)."""
         if self.done:
             return b""
-        if rest.strip():
-            events = self.parser.feed(rest + b"\n\n")
-            out = b"".join(self._event(ev.raw, ev.data) for ev in events)
-            if self.done:
-                return out
-        else:
-            out = b""
+        out = b"".join(self._event(ev.raw, ev.data) for ev in self.parser.close())
+        self.parser.flush()
+        if self.done:
+            return out
         return out + self.upstream_failed(
             UpstreamError("The upstream closed the stream before it was complete.")
         )

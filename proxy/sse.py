@@ -90,14 +90,14 @@ class SSEParser:
         self._buf = buf[start:]
         return events
 
-    def _feed_any(self, buf: bytes) -> list[Event]:
+    def _feed_any(self, buf: bytes, *, final: bool = False) -> list[Event]:
         events: list[Event] = []
         start = 0  # first byte of the pending event
         line_start = 0
         has_content = False
         size = len(buf)
         for m in _EOL.finditer(buf):
-            if m.end() == size and m.group() == b"\r":
+            if m.end() == size and m.group() == b"\r" and not final:
                 break  # might be the first half of a CRLF
             if m.start() == line_start:
                 if has_content:
@@ -110,9 +110,16 @@ class SSEParser:
         self._buf = buf[start:]
         return events
 
+    def close(self) -> list[Event]:
+        """End of stream: a CR held back at the end is a line end after all. What is still
+        incomplete stays in the buffer (see :meth:`flush`)."""
+        if not self._buf.endswith(b"\r"):
+            return []
+        return self._feed_any(self._buf, final=True)
+
     def flush(self) -> bytes:
-        """Bytes of an unterminated event at end of stream (per the SSE spec it is discarded;
-        the relay may still forward it so the client sees what the upstream sent)."""
+        """Bytes of an unterminated event at end of stream; per the SSE spec it is discarded
+        (forwarding it would glue its partial line to whatever the relay writes next)."""
         rest, self._buf = self._buf, b""
         return rest
 
