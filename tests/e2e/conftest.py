@@ -105,9 +105,9 @@ def start_proxy() -> Iterator[ProxyFactory]:
     """
     started: list[Server] = []
 
-    def factory(upstream: Server, **settings: Any) -> Server:
+    def factory(upstream: Server | str, **settings: Any) -> Server:
         env = {
-            "GUARD_UPSTREAM_URL": upstream.url,
+            "GUARD_UPSTREAM_URL": upstream if isinstance(upstream, str) else upstream.url,
             "GUARD_HOST": "127.0.0.1",
             "GUARD_PORT": "{port}",
             "GUARD_UPSTREAM_METRICS_INTERVAL": "0",
