@@ -350,11 +350,6 @@ class Metrics:
                 registry=i,
             )
         )
-        self._chunks = Counter(
-            "guard_proxy_chunks_relayed",
-            "SSE events relayed to clients (divide process CPU by its rate for CPU per chunk).",
-            registry=i,
-        )
         self._kv_dtype = _Children(
             Gauge(
                 "guard_upstream_kv_cache_dtype_info",
@@ -482,11 +477,6 @@ class Metrics:
     def upstream_error(self, kind: str) -> None:
         """Infra: kind in connect | timeout | status | protocol | disconnect."""
         self._upstream_errors(_fixed(kind, UPSTREAM_ERROR_KINDS)).inc()
-
-    def chunks_relayed(self, count: int) -> None:
-        """Infra: SSE events sent to a client, reported once per stream end (not per chunk)."""
-        if count > 0:
-            self._chunks.inc(count)
 
     def upstream_kv_cache_dtype(self, cache_dtype: str) -> None:
         """The upstream's current KV cache dtype: its series is 1, any earlier one drops to 0."""
