@@ -79,8 +79,11 @@ FINISH_REASONS: Final = frozenset(
 
 # Token counts: 16 .. 131072 by powers of two (a 128K context is the longest common limit).
 TOKEN_BUCKETS: Final = tuple(float(2**i) for i in range(4, 18))
-# Scores in [0, 1] (repetition share, distinct-token ratio).
+# Distinct-word ratio, in [0, 1].
 UNIT_BUCKETS: Final = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+# Repetition score: how many times the periodic tail repeats (the detector fires at
+# GUARD_REPETITION_MIN_REPEATS, 4 by default); healthy text stays near 1-2.
+REPEAT_BUCKETS: Final = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0, 50.0)
 # Shannon entropy of the next-token distribution, nats; near 0 is collapse.
 ENTROPY_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 DURATION_BUCKETS: Final = (
@@ -287,9 +290,9 @@ class Metrics:
         self._repetition = _Children(
             Histogram(
                 "guard_repetition_score",
-                "Worst-window repetition score per choice (1 = all repeated).",
+                "Worst-window repetition score per choice (repeats of the periodic tail).",
                 ("model",),
-                buckets=UNIT_BUCKETS,
+                buckets=REPEAT_BUCKETS,
                 registry=q,
             )
         )
