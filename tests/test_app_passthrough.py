@@ -1,0 +1,77 @@
+"""Everything that is not a guarded route is relayed as it is; health, readiness, metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+import openai
+
+from proxy.metrics import Metrics
+from tests.fakes.vllm import FakeVLLM
+
+ProxyFactory = Callable[..., str]
+
+
+def test_models_via_openai_sdk(fake_upstream: FakeVLLM, proxy_server: ProxyFactory) -> None:
+    client = openai.OpenAI(base_url=proxy_server() + "/v1", api_key="x", max_retries=0)
+    assert [m.id for m in client.models.list()] == ["fake-model"]
+
+
+def test_method_query_headers_and_body_are_relayed(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+) -> None:
+    base = proxy_server()
+    r = httpx.post(
+        base + "/tokenize?add_special_tokens=false&x=%2F",
+        json={"prompt": "héllo"},
+        headers={"x-custom": "1", "authorization": "Bearer abc"},
+    )
+    assert r.status_code == 200
+    assert r.headers["x-fake"] == "yes"
+    assert r.json() == {
+        "path": "/tokenize?add_special_tokens=false&x=%2F",
+        "method": "POST",
+        "body": {"prompt": "héllo"},
+    }
+    seen = fake_upstream.last.headers
+    assert seen["x-custom"] == "1" and seen["authorization"] == "Bearer abc"
+    assert "connection" not in seen or seen["connection"] == "keep-alive"
+    r = httpx.get(base + "/version")
+    assert r.json() == {"version": "0.11.0"}
+
+
+def test_upstream_404_and_405_are_relayed(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+) -> None:
+    base = proxy_server()
+    r = httpx.get(base + "/nope")
+    assert r.status_code == 404 and r.json() == {"detail": "Not Found"}
+    # A GET on a guarded path is not guarded: it goes to the upstream as is.
+    assert httpx.get(base + "/v1/chat/completions").status_code == 404
+    assert fake_upstream.last.method == "GET"
+
+
+def test_health_and_ready(fake_upstream: FakeVLLM, proxy_server: ProxyFactory) -> None:
+    base = proxy_server()
+    assert httpx.get(base + "/health").json() == {"status": "ok"}
+    assert httpx.get(base + "/ready").json() == {"status": "ready"}
+    assert fake_upstream.last.path == "/health"
+
+
+class _Recording(Metrics):
+    def render_infra(self) -> tuple[bytes, str]:
+        return b"infra_metric 1\n", "text/plain; version=0.0.4; charset=utf-8"
+
+    def render_quality(self) -> tuple[bytes, str]:
+        return b"quality_metric 1\n", "text/plain; version=0.0.4; charset=utf-8"
+
+
+def test_metrics_endpoints_render_the_two_registries(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+) -> None:
+    base = proxy_server(metrics=_Recording())
+    r = httpx.get(base + "/metrics")
+    assert r.text == "infra_metric 1\n" and r.headers["content-type"].startswith("text/plain")
+    assert httpx.get(base + "/metrics/quality").text == "quality_metric 1\n"
+    assert fake_upstream.requests == []
