@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 if TYPE_CHECKING:
     import httpx
 
+    from proxy.detect import DetectorConfig
+
 EXIT_COHERENT = 0
 EXIT_DEGENERATE = 1
 EXIT_UNREACHABLE = 2
@@ -136,6 +138,14 @@ class Unreachable(Exception):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Ask the deployment three questions (a fact, a story, a function), greedily, and judge "
+        "each answer with the detector (GUARD_* thresholds) and simple checks."
+    )
+    parser.epilog = (
+        "exit status: 0 every tier coherent, 1 at least one degenerate or failing its checks, "
+        "2 server unreachable or answering with errors"
+    )
     parser.add_argument(
         "--url",
         required=True,
@@ -213,10 +223,14 @@ def _sse_data(chunks: Iterator[bytes]) -> Iterator[bytes]:
 
 
 def _run_tier(
-    client: httpx.Client, model: str, tier: Tier, extra_body: dict[str, Any], timeout: float
+    client: httpx.Client,
+    model: str,
+    tier: Tier,
+    extra_body: dict[str, Any],
+    timeout: float,
+    config: DetectorConfig,
 ) -> TierResult:
     from proxy.detect import Detector
-    from proxy.settings import load_detector_config
 
     body: dict[str, Any] = {
         "model": model,
@@ -228,7 +242,7 @@ def _run_tier(
         **extra_body,
     }
     result = TierResult(tier.name)
-    detector = Detector(load_detector_config())
+    detector = Detector(config)
     parts: list[str] = []
     usage_tokens: int | None = None
     started = time.monotonic()
@@ -298,14 +312,23 @@ def check(
     extra_body: dict[str, Any] | None = None,
     tiers: tuple[Tier, ...] = TIERS,
 ) -> tuple[str, list[TierResult]]:
-    """Run the tiers; return the model name and one result per tier. Raises Unreachable."""
+    """Run the tiers; return the model name and one result per tier.
+
+    Raises Unreachable, or ConfigError for invalid ``GUARD_*`` detector settings.
+    """
     import httpx
+
+    from proxy.settings import load_detector_config
+
+    config = load_detector_config()
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         with httpx.Client(base_url=_base_url(url), headers=headers, timeout=30.0) as client:
             name = model or _discover_model(client)
-            return name, [_run_tier(client, name, t, extra_body or {}, timeout) for t in tiers]
+            return name, [
+                _run_tier(client, name, t, extra_body or {}, timeout, config) for t in tiers
+            ]
     except httpx.HTTPError as exc:
         raise Unreachable(f"{type(exc).__name__}: {exc or 'no detail'}") from None
     except ValueError as exc:  # a body that is not the JSON an OpenAI server sends
@@ -344,6 +367,8 @@ def render_report(url: str, model: str, results: list[TierResult], out: TextIO) 
 
 
 def run(args: argparse.Namespace) -> int:
+    from proxy.settings import ConfigError
+
     try:
         model, results = check(
             args.url,
@@ -354,6 +379,9 @@ def run(args: argparse.Namespace) -> int:
         )
     except Unreachable as exc:
         print(f"coherence-guard check: cannot check {args.url}: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except ConfigError as exc:
+        print(f"coherence-guard check: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
     if args.json:
         payload = {"url": args.url, "model": model, "tiers": [asdict(r) for r in results]}

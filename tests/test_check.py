@@ -232,3 +232,14 @@ def test_sse_line_separator_inside_json_is_not_a_line_break() -> None:
     """vLLM writes non-ASCII unescaped, so U+2028 can appear inside a data line."""
     payload = '{"c":"a\u2028b\u0085c"}'.encode()
     assert list(_sse_data(iter([b"data: " + payload[:5], payload[5:] + b"\n\n"]))) == [payload]
+
+
+def test_invalid_detector_setting_is_reported_before_connecting(
+    fake_upstream: FakeVLLM, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """check judges with the proxy's GUARD_* thresholds, so a bad one is named, not ignored."""
+    monkeypatch.setenv("GUARD_REPETITION_MIN_REPEATS", "many")
+    code, out, err = run_check(capsys, "--url", fake_upstream.url)
+    assert code == 2 and out == ""
+    assert "GUARD_REPETITION_MIN_REPEATS" in err
+    assert fake_upstream.requests == []
