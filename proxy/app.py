@@ -113,13 +113,8 @@ class Proxy:
                 self.settings.upstream_url,
                 connect_timeout=self.settings.connect_timeout,
                 read_timeout=self.settings.read_timeout,
+                transport=self.transport,
             )
-            if self.transport is not None:
-                self._client = httpx.AsyncClient(
-                    base_url=self.settings.upstream_url.rstrip("/"),
-                    transport=self.transport,
-                    timeout=self._client.timeout,
-                )
         return self._client
 
     async def aclose(self) -> None:
@@ -607,7 +602,7 @@ def create_app(
 ) -> GuardApp:
     """Build the proxy. ``transport`` replaces the upstream connection (tests, embedding)."""
     settings = settings or load_settings()
-    metrics = metrics or Metrics()
+    metrics = metrics or Metrics.from_settings(settings)
     proxy = Proxy(settings, metrics, detector_config or load_detector_config(), transport)
 
     @contextlib.asynccontextmanager

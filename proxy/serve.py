@@ -48,6 +48,11 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from proxy.metrics import prepare_multiprocess
+
+    # Several workers share their counters through prometheus-client's multiprocess mode.
+    prepare_multiprocess(settings.workers)
+
     uvicorn.run(
         "proxy.app:create_app_from_env",
         factory=True,
