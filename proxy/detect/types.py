@@ -24,7 +24,7 @@ class DetectorConfig:
     # How often the window is evaluated; signals never run per token.
     check_every_chars: int = 128
     # Rolling window for periodicity (bounds memory per stream; a unit must fit 3 times).
-    window_chars: int = 6144
+    window_chars: int = 8192
 
     # 1. repetition: exact periodic tail of any period
     repetition: bool = True
@@ -70,7 +70,7 @@ class DetectorConfig:
     entropy: bool = True
     entropy_window_tokens: int = 256
     entropy_max_nats: float = 0.05
-    entropy_min_compression: float = 2.5
+    entropy_min_compression: float = 3.0
 
     # 7. zlib compression ratio of the window as a stand-alone cross-check
     compression: bool = True

@@ -1,0 +1,76 @@
+"""Language identification and the language-drift signal."""
+
+from __future__ import annotations
+
+from proxy.detect import DetectorConfig
+from proxy.language import identify_language, model_path, strip_noise
+from tests.detect.conftest import stream
+from tests.detect.texts import ENGLISH, ITALIAN, PYTHON_CODE
+
+LANGUAGE_ONLY = DetectorConfig(
+    repetition=False,
+    ngram=False,
+    diversity=False,
+    script=False,
+    entropy=False,
+    compression=False,
+)
+
+
+def test_the_model_ships_in_the_wheel() -> None:
+    """lid.176.ftz comes with the installed package: nothing is downloaded at run time."""
+    path = model_path()
+    assert path.is_file()
+    assert path.stat().st_size > 500_000
+
+
+def test_identify_language() -> None:
+    assert identify_language(ITALIAN)[0] == "it"  # type: ignore[index]
+    assert identify_language(ENGLISH)[0] == "en"  # type: ignore[index]
+    found = identify_language("这个问题的答案非常复杂，我们需要从多个角度进行分析。")
+    code, confidence = found or ("", 0.0)
+    assert code == "zh" and 0.5 < confidence <= 1.0
+    assert identify_language("ok") is None
+
+
+def test_strip_noise_removes_code_urls_numbers_and_markup() -> None:
+    text = "Vedi https://example.com/a?b=1 e `x = 1`.\n```python\nprint('hi')\n```\n**Nota** 42"
+    clean = strip_noise(text)
+    assert "example" not in clean and "print" not in clean and "42" not in clean
+    assert "Vedi" in clean and "Nota" in clean and "\n" not in clean
+
+
+def test_italian_drifting_into_english_fires() -> None:
+    text = ITALIAN + ENGLISH * 2
+    summary = stream(text, LANGUAGE_ONLY, expected_language="it")
+    assert summary.verdict is not None
+    assert summary.verdict.signal == "language-drift"
+    assert len(ITALIAN) - 200 <= summary.verdict.onset_char <= len(ITALIAN) + 200
+    assert summary.verdict.fired_at_char <= len(ITALIAN) + 900
+
+
+def test_drift_is_found_without_an_expected_language() -> None:
+    """The stream's own first language is the reference when the request named none."""
+    summary = stream(ITALIAN + ENGLISH * 2, LANGUAGE_ONLY)
+    assert summary.verdict is not None and summary.verdict.signal == "language-drift"
+
+
+def test_a_short_english_quote_in_a_long_italian_text_passes() -> None:
+    text = ITALIAN * 2 + ENGLISH[:250] + ITALIAN * 2
+    assert stream(text, LANGUAGE_ONLY, expected_language="it").verdict is None
+
+
+def test_code_blocks_do_not_count_as_english() -> None:
+    text = ITALIAN + "```python\n" + PYTHON_CODE * 2 + "```\n" + ITALIAN
+    assert stream(text, LANGUAGE_ONLY, expected_language="it").verdict is None
+
+
+def test_answer_in_the_expected_language_passes() -> None:
+    assert stream(ITALIAN * 3, LANGUAGE_ONLY, expected_language="it").verdict is None
+    assert stream(ENGLISH * 3, LANGUAGE_ONLY, expected_language="en").verdict is None
+
+
+def test_answer_in_the_wrong_language_from_the_start_fires() -> None:
+    """A request constrained to Italian answered in English is drift from the first segment."""
+    summary = stream(ENGLISH * 2, LANGUAGE_ONLY, expected_language="it")
+    assert summary.verdict is not None and summary.verdict.onset_char == 0
