@@ -245,6 +245,7 @@ def _run_tier(
     detector = Detector(config)
     parts: list[str] = []
     usage_tokens: int | None = None
+    guarded: str | None = None
     started = time.monotonic()
     with client.stream("POST", "/v1/chat/completions", json=body, timeout=timeout) as response:
         if response.status_code != 200:
@@ -276,6 +277,9 @@ def _run_tier(
                         )
                 if choice.get("finish_reason"):
                     result.finish_reason = choice["finish_reason"]
+                    guard = choice.get("guard")
+                    if isinstance(guard, dict) and guard.get("action") == "aborted":
+                        guarded = f"the proxy's guard aborted it ({guard.get('signal')})"
             if detector.verdict is not None:
                 # The answer is judged: closing the stream makes the engine stop generating
                 # the rest of the loop instead of running on to max_tokens.
@@ -289,10 +293,8 @@ def _run_tier(
         result.verdict = "DEGENERATE"
     if result.finish_reason not in ("stop", _CLOSED):
         result.verdict = "DEGENERATE"
-        result.problems.append(
-            f"finish_reason {result.finish_reason!r}"
-            + (" (ran to max_tokens)" if result.finish_reason == "length" else "")
-        )
+        why = " (ran to max_tokens)" if result.finish_reason == "length" else ""
+        result.problems.append(guarded or f"finish_reason {result.finish_reason!r}{why}")
     if result.finish_reason == _CLOSED:
         return result  # a cut-off answer: its content checks would only add noise
     failed = tier.checks(result.text)

@@ -212,7 +212,8 @@ def test_through_the_proxy_guard_abort_exits_1(
     code, out, _ = run_check(capsys, "--url", proxy_server(), "--model", "fake-model")
     assert code == 1
     story_row = next(line for line in out.splitlines() if line.startswith("story "))
-    assert "DEGENERATE" in story_row
+    assert "DEGENERATE" in story_row and "content_filter" in story_row
+    assert "the proxy's guard aborted it" in story_row
 
 
 @pytest.mark.parametrize(
