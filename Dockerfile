@@ -14,11 +14,12 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 RUN python3 -m venv /opt/venv
 WORKDIR /src
 # Dependencies first (they change less often than the code): a throwaway install of the
-# declared dependencies gets its own cached layer.
-COPY pyproject.toml README.md ./
-RUN mkdir proxy && touch proxy/__init__.py \
+# declared dependencies, with a placeholder package and README, gets its own cached layer.
+COPY pyproject.toml ./
+RUN mkdir proxy && touch proxy/__init__.py README.md \
     && /opt/venv/bin/pip install . \
     && /opt/venv/bin/pip uninstall -y coherence-guard
+COPY README.md ./
 COPY proxy ./proxy
 RUN /opt/venv/bin/pip install --no-deps . \
     && /opt/venv/bin/python -m compileall -q /opt/venv/lib
