@@ -110,17 +110,19 @@ class Detector:
         self._script_recent: deque[tuple[int, Counter[str]]] = deque()
         self._script_sum: Counter[str] = Counter()
         self._script_span = 0
+        self._script_foreign = 0
         self._script_streak = 0
         self._script_onset = 0
         self._words: deque[str] = deque(maxlen=max(20, cfg.ngram_window_words))
         self._checks = 0
         self._lang_buf: list[str] = []
         self._lang_buf_chars = 0
+        self._lang_segments = 0
         self._lang_seg_start = 0
         self._lang_seg_fenced = False
         self._lang_established: str | None = None
-        self._lang_total = 0
-        self._lang_off = 0
+        self._lang_total = 0.0
+        self._lang_off = 0.0
         self._lang_streak = 0
         self._lang_onset = 0
         self._entropy = EntropyWindow(cfg.entropy_window_tokens)
@@ -294,7 +296,7 @@ class Detector:
         self._checks += 1
         if self._checks % 2 and not final:
             return None  # every other check is enough for signals that need a sustained span
-        if cfg.compression and self._checks % 4 == 0:
+        if cfg.compression and self._checks % 8 == 0:
             ratio_c = compression_ratio(self._raw[-cfg.compression_window_chars :])
             if ratio_c >= cfg.compression_max_ratio * relax:
                 onset = self._chars - cfg.compression_window_chars
@@ -325,23 +327,36 @@ class Detector:
 
     def _check_script(self, new: str) -> Verdict | None:
         cfg = self.config
+        if not self._script_foreign and new.isascii() and self._script_base_total:
+            # ASCII is Latin and Latin is never foreign: nothing can intrude (the common case).
+            if self._script_base_total >= cfg.script_establish_letters:
+                return None
         counts = script_counts(new)
         if self._script_base_total < cfg.script_establish_letters:
             self._extend_script_base(counts)
             return None
+        foreign_letters = sum(counts.values()) - counts["Latin"]
+        if not foreign_letters and not self._script_foreign:
+            # Latin is never foreign, so an all-Latin window cannot intrude (the common case):
+            # skip the bookkeeping and let the letters extend the established mix.
+            self._extend_script_base(counts)
+            return None
         recent = self._script_sum
         self._script_recent.append((len(new), counts))
+        self._script_foreign += foreign_letters
         recent.update(counts)
-        span = self._script_span = self._script_span + len(new)
+        span = self._script_span + len(new)
         while span - self._script_recent[0][0] >= cfg.script_window_chars:
             n, old = self._script_recent.popleft()
             span -= n
             recent.subtract(old)
+            self._script_foreign -= sum(old.values()) - old["Latin"]
         self._script_span = span
-        if sum(recent.values()) - recent["Latin"] <= 0:
-            # Latin is never foreign; an all-Latin window cannot intrude (the common case).
+        if not self._script_foreign:
+            self._script_recent.clear()
+            self._script_sum = Counter()
+            self._script_span = 0
             self._script_streak = 0
-            self._extend_script_base(counts)
             return None
         intrusion = intruding_share(self._script_base, +recent)
         foreign = intrusion is not None and intrusion[1] >= cfg.script_max_share
@@ -376,6 +391,15 @@ class Detector:
         if self._lang_buf_chars < cfg.language_segment_chars and not final:
             return None
         segment = "".join(self._lang_buf)
+        self._lang_segments += 1
+        if (
+            not final
+            and self._chars > cfg.language_dense_chars
+            and self._lang_segments % max(1, cfg.language_sample_every)
+        ):
+            self._lang_buf.clear()
+            self._lang_buf_chars = 0
+            return None
         clean = (
             ""  # source code: identifiers and keywords are not a language the answer drifts to
             if _code_like(segment)
@@ -400,8 +424,11 @@ class Detector:
                 self._lang_total += len(clean)
             return None
         # Every identified segment counts towards the total; only confident foreign ones count
-        # as drift, so unsure segments weigh on the side of the expected language.
-        self._lang_total += len(clean)
+        # as drift, so unsure segments weigh on the side of the expected language. Old text
+        # fades (half-life), so a long healthy start cannot hide a drift for ever.
+        fade = 0.5 ** (len(clean) / max(1, cfg.language_half_life_chars))
+        self._lang_total = self._lang_total * fade + len(clean)
+        self._lang_off *= fade
         if _same_language(reference, code) or confidence < cfg.language_min_confidence:
             self._lang_streak = 0
             return None

@@ -32,14 +32,13 @@ _SCRIPTS: dict[str, str] = {
 }
 _RUN = re.compile("|".join(f"([{cls}]+)" for cls in _SCRIPTS.values()))
 _NAMES = tuple(_SCRIPTS)
-_NON_ASCII = re.compile(r"[^\x00-\x7f]")
 _NOT_ASCII_LETTER = re.compile(r"[^A-Za-z]+")
 
 
 def script_counts(text: str) -> Counter[str]:
     """Letters per script in ``text`` (ASCII-only text takes a fast path)."""
     counts: Counter[str] = Counter()
-    if _NON_ASCII.search(text) is None:
+    if text.isascii():
         latin = len(_NOT_ASCII_LETTER.sub("", text))
         if latin:
             counts["Latin"] = latin

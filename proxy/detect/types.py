@@ -65,6 +65,13 @@ class DetectorConfig:
     language_min_confidence: float = 0.9
     language_min_share: float = 0.4
     language_sustain_segments: int = 1
+    # the share forgets old text with this half-life (identified characters), so drift after a
+    # long stretch in the right language is still caught within a couple of thousand characters
+    language_half_life_chars: int = 2048
+    # identification costs ~0.6 µs per character: past the first language_dense_chars of a
+    # stream, only every language_sample_every-th segment is identified
+    language_dense_chars: int = 512
+    language_sample_every: int = 2
 
     # 6. entropy collapse (needs top_logprobs from the upstream)
     entropy: bool = True
@@ -74,7 +81,7 @@ class DetectorConfig:
 
     # 7. zlib compression ratio of the window as a stand-alone cross-check
     compression: bool = True
-    compression_window_chars: int = 2048
+    compression_window_chars: int = 1536
     compression_max_ratio: float = 8.0
 
 

@@ -74,3 +74,13 @@ def test_answer_in_the_wrong_language_from_the_start_fires() -> None:
     """A request constrained to Italian answered in English is drift from the first segment."""
     summary = stream(ENGLISH * 2, LANGUAGE_ONLY, expected_language="it")
     assert summary.verdict is not None and summary.verdict.onset_char == 0
+
+
+def test_drift_after_a_long_healthy_stretch_fires() -> None:
+    """Italian sliding into English after thousands of characters is still caught: old text
+    fades from the share, so the English needed to fire stays bounded."""
+    italian = ITALIAN * 10
+    summary = stream(italian + ENGLISH * 8, LANGUAGE_ONLY, expected_language="it")
+    assert summary.verdict is not None and summary.verdict.signal == "language-drift"
+    assert summary.verdict.fired_at_char - len(italian) <= 3500
+    assert summary.verdict.onset_char >= len(italian) - 200
