@@ -35,6 +35,8 @@ from proxy.records import GenerationRecord
 from proxy.relay import Mode, StreamGuard
 from proxy.rewrite import Endpoint, Rewrite, RewritePolicy, rewrite_request
 from proxy.settings import Settings, load_detector_config, load_settings
+from proxy.upstream_http import Response as UpstreamResponse
+from proxy.upstream_http import UpstreamClient, UpstreamFailure
 
 log = logging.getLogger("coherence_guard")
 
@@ -94,14 +96,18 @@ class Proxy:
         settings: Settings,
         metrics: Metrics,
         detector_config: DetectorConfig,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.detector_config = detector_config
         self.policy = RewritePolicy.from_settings(settings)
-        self.transport = transport
         self._client: httpx.AsyncClient | None = None
+        #: The guarded POSTs' own client (see proxy/upstream_http.py); httpx for the rest.
+        self.fast = UpstreamClient(
+            settings.upstream_url,
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.read_timeout,
+        )
         #: False once this upstream rejected the usage stream options (remembered per upstream).
         self.usage_options = True
         self._keys = [k.encode() for k in settings.api_keys]
@@ -113,11 +119,11 @@ class Proxy:
                 self.settings.upstream_url,
                 connect_timeout=self.settings.connect_timeout,
                 read_timeout=self.settings.read_timeout,
-                transport=self.transport,
             )
         return self._client
 
     async def aclose(self) -> None:
+        await self.fast.aclose()
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -332,24 +338,21 @@ class Proxy:
         )
 
 
-def _response_headers(resp: httpx.Response, *, keep_length: bool) -> list[tuple[bytes, bytes]]:
+def _response_headers(
+    raw: list[tuple[bytes, bytes]], *, keep_length: bool
+) -> list[tuple[bytes, bytes]]:
     drop = _OWN_HEADERS if keep_length else (*_OWN_HEADERS, "content-length")
     skip = (upstream.HOP_BY_HOP - {"content-length"}) | set(drop)
-    return [(k, v) for k, v in resp.headers.raw if k.decode("latin-1").lower() not in skip]
+    return [(k, v) for k, v in raw if k.decode("latin-1").lower() not in skip]
 
 
-async def send_upstream_response(
-    send: Send,
-    resp: httpx.Response,
-    watch: _Watch,
-    extra: list[tuple[bytes, bytes]] = (),  # type: ignore[assignment]
-) -> None:
-    """Relay an upstream response as it is (status, headers, streaming raw body)."""
+async def send_upstream_response(send: Send, resp: httpx.Response, watch: _Watch) -> None:
+    """Relay an httpx upstream response as it is (status, headers, streaming raw body)."""
     await send(
         {
             "type": "http.response.start",
             "status": resp.status_code,
-            "headers": _response_headers(resp, keep_length=True) + list(extra),
+            "headers": _response_headers(resp.headers.raw, keep_length=True),
         }
     )
     try:
@@ -391,25 +394,23 @@ class _GuardedCall:
         self.client_continuous = False
         self.extra = [(b"x-guard-max-tokens", rw.max_tokens_header.encode())]
 
-    async def _open(self, watch: _Watch) -> httpx.Response | None:
+    async def _open(self) -> UpstreamResponse | None:
         proxy = self.proxy
-        client = proxy.client
         for attempt in range(2):
-            req = client.build_request(
-                "POST",
-                self.scope["path"],
-                content=orjson.dumps(self.rw.body),
-                headers=proxy.upstream_headers(self.headers),
-            )
             try:
-                resp = await client.send(req, stream=True)
-            except httpx.HTTPError as exc:
-                proxy.metrics.upstream_error(upstream.error_kind(exc))
-                await self._error(upstream.translate(exc))
+                resp = await proxy.fast.post(
+                    self.scope["path"],
+                    proxy.upstream_headers(self.headers),
+                    orjson.dumps(self.rw.body),
+                )
+            except UpstreamFailure as exc:
+                proxy.metrics.upstream_error(exc.kind)
+                await self._error(exc.error)
                 return None
             if resp.status_code in (400, 422) and attempt == 0 and self._injected_usage():
-                body = await resp.aread()
-                await resp.aclose()
+                body = await self._read_all(resp)
+                if body is None:
+                    return None
                 if any(w in body for w in _USAGE_OPTION_WORDS):
                     log.warning(
                         "upstream rejected stream_options; continuing without exact token counts"
@@ -420,10 +421,20 @@ class _GuardedCall:
                     )
                     continue
                 proxy.metrics.upstream_error("status")
-                await self._relay_body(resp.status_code, resp, body)
+                await self._relay_body(resp, body)
                 return None
             return resp
         return None
+
+    async def _read_all(self, resp: UpstreamResponse) -> bytes | None:
+        try:
+            return await resp.aread()
+        except UpstreamFailure as exc:
+            self.proxy.metrics.upstream_error(exc.kind)
+            await self._error(exc.error)
+            return None
+        finally:
+            await resp.aclose()
 
     def _injected_usage(self) -> bool:
         opts = self.rw.body.get("stream_options")
@@ -450,28 +461,43 @@ class _GuardedCall:
         self.upstream_failed = True
         await self.proxy._send_error(self.send, error)
 
-    async def _relay_body(self, status: int, resp: httpx.Response, body: bytes) -> None:
-        self.status = status
-        headers = _response_headers(resp, keep_length=False)
+    async def _relay_body(self, resp: UpstreamResponse, body: bytes) -> None:
+        self.status = resp.status_code
+        headers = _response_headers(resp.headers, keep_length=False)
         headers.append((b"content-length", str(len(body)).encode()))
         await self.send(
-            {"type": "http.response.start", "status": status, "headers": headers + self.extra}
+            {"type": "http.response.start", "status": self.status, "headers": headers + self.extra}
         )
         await self.send({"type": "http.response.body", "body": body})
 
+    async def _relay_stream(self, resp: UpstreamResponse, watch: _Watch) -> None:
+        """The upstream's answer as it is (``off`` mode, upstream errors)."""
+        self.status = resp.status_code
+        headers = _response_headers(resp.headers, keep_length=True)
+        await self.send(
+            {"type": "http.response.start", "status": self.status, "headers": headers + self.extra}
+        )
+        send = self.send
+        try:
+            while data := await resp.read():
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+        except UpstreamFailure as exc:
+            self.proxy.metrics.upstream_error(exc.kind)
+            self.upstream_failed = True
+        watch.cancellable = False
+        await send({"type": "http.response.body", "body": b""})
+
     async def run(self, watch: _Watch) -> None:
-        resp = await self._open(watch)
+        resp = await self._open()
         if resp is None:
             return
         try:
             if resp.status_code != 200:
                 self.proxy.metrics.upstream_error("status")
-                self.status = resp.status_code
-                await send_upstream_response(self.send, resp, watch, self.extra)
+                await self._relay_stream(resp, watch)
                 return
             if self.mode == "off":
-                self.status = 200
-                await send_upstream_response(self.send, resp, watch, self.extra)
+                await self._relay_stream(resp, watch)
                 return
             guard = self.guard = self._make_guard()
             if self.rw.client_stream:
@@ -497,21 +523,21 @@ class _GuardedCall:
             collect=not rw.client_stream,
         )
 
-    async def _stream(self, resp: httpx.Response, guard: StreamGuard, watch: _Watch) -> None:
+    async def _stream(self, resp: UpstreamResponse, guard: StreamGuard, watch: _Watch) -> None:
         send = self.send
         self.status = 200
         await send(
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": _response_headers(resp, keep_length=False) + self.extra,
+                "headers": _response_headers(resp.headers, keep_length=False) + self.extra,
             }
         )
         self.stream_open = True
         self.proxy.metrics.stream_opened()
         first = True
         try:
-            async for data in resp.aiter_raw():
+            while data := await resp.read():
                 out = guard.feed(data)
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
@@ -524,26 +550,26 @@ class _GuardedCall:
                 out = guard.eof()
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
-        except httpx.HTTPError as exc:
-            self.proxy.metrics.upstream_error(upstream.error_kind(exc))
+        except UpstreamFailure as exc:
+            self.proxy.metrics.upstream_error(exc.kind)
             self.upstream_failed = True
-            out = guard.upstream_failed(upstream.translate(exc))
+            out = guard.upstream_failed(exc.error)
             await send({"type": "http.response.body", "body": out, "more_body": True})
         watch.cancellable = False
         await send({"type": "http.response.body", "body": b""})
 
-    async def _collect(self, resp: httpx.Response, guard: StreamGuard, watch: _Watch) -> None:
+    async def _collect(self, resp: UpstreamResponse, guard: StreamGuard, watch: _Watch) -> None:
         try:
-            async for data in resp.aiter_raw():
+            while data := await resp.read():
                 guard.feed(data)
                 if guard.done:
                     break
             else:
                 guard.eof()
-        except httpx.HTTPError as exc:
-            self.proxy.metrics.upstream_error(upstream.error_kind(exc))
+        except UpstreamFailure as exc:
+            self.proxy.metrics.upstream_error(exc.kind)
             self.upstream_failed = True
-            guard.upstream_failed(upstream.translate(exc))
+            guard.upstream_failed(exc.error)
         watch.cancellable = False
         if guard.error is not None and not guard.aborted:
             err = guard.error
@@ -598,12 +624,11 @@ def create_app(
     *,
     metrics: Metrics | None = None,
     detector_config: DetectorConfig | None = None,
-    transport: httpx.AsyncBaseTransport | None = None,
 ) -> GuardApp:
-    """Build the proxy. ``transport`` replaces the upstream connection (tests, embedding)."""
+    """Build the proxy (one per worker process); ``settings`` default to the environment."""
     settings = settings or load_settings()
     metrics = metrics or Metrics.from_settings(settings)
-    proxy = Proxy(settings, metrics, detector_config or load_detector_config(), transport)
+    proxy = Proxy(settings, metrics, detector_config or load_detector_config())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -39,10 +39,8 @@ def make_client(
     connect_timeout: float,
     read_timeout: float,
     max_connections: int = 1024,
-    transport: httpx.AsyncBaseTransport | None = None,
 ) -> httpx.AsyncClient:
     return httpx.AsyncClient(
-        transport=transport,
         base_url=base_url.rstrip("/"),
         timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout),
         limits=httpx.Limits(

@@ -304,6 +304,7 @@ class FakeVLLM:
                 if event is None:  # die here
                     writer.transport.abort()
                     return False
+                rec.chunks_sent += 1
                 if sizes:
                     pending += event
                     while pending and len(pending) >= sizes[0]:
@@ -313,7 +314,6 @@ class FakeVLLM:
                         pending = pending[n:]
                 else:
                     self._chunk(writer, event)
-                rec.chunks_sent += 1
                 await writer.drain()
                 await asyncio.sleep(0)
             if pending:
