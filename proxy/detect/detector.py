@@ -327,10 +327,9 @@ class Detector:
 
     def _check_script(self, new: str) -> Verdict | None:
         cfg = self.config
-        if not self._script_foreign and new.isascii() and self._script_base_total:
-            # ASCII is Latin and Latin is never foreign: nothing can intrude (the common case).
-            if self._script_base_total >= cfg.script_establish_letters:
-                return None
+        established = self._script_base_total >= cfg.script_establish_letters
+        if established and not self._script_foreign and new.isascii():
+            return None  # ASCII is Latin and Latin is never foreign (the common case)
         counts = script_counts(new)
         if self._script_base_total < cfg.script_establish_letters:
             self._extend_script_base(counts)
