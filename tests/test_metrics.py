@@ -10,9 +10,11 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from prometheus_client import Counter, Histogram
 
@@ -20,6 +22,7 @@ from proxy.detect import Summary, Verdict
 from proxy.metrics import OTHER, CappedLabel, Metrics, prepare_multiprocess
 from proxy.records import ChoiceRecord, GenerationRecord
 from tests.exposition_server import families, parse, value
+from tests.fakes.vllm import FakeVLLM, Script
 
 QUALITY_FAMILIES = {
     "guard_generations",
@@ -383,3 +386,68 @@ def test_prepare_multiprocess_makes_a_directory(monkeypatch: pytest.MonkeyPatch)
         monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
         if path:
             os.rmdir(path)
+
+
+def test_served_with_two_workers_every_scrape_sees_every_request(
+    fake_upstream: FakeVLLM, tmp_path: Path
+) -> None:
+    """``coherence-guard serve --workers 2``: whichever worker answers a scrape, it reports the
+    requests both workers handled (each request and scrape on a fresh connection)."""
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GUARD_", "PROMETHEUS_"))}
+    env.update(
+        PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "mp"),
+        GUARD_UPSTREAM_METRICS_INTERVAL="0",
+        GUARD_LOG_LEVEL="warning",
+    )
+    args = ["serve", "--workers", "2", "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy", *args, "--upstream", fake_upstream.url],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
+            time.sleep(0.1)
+        fake_upstream.script = Script(texts=["A short and healthy answer."])
+        n = 24
+        for _ in range(n):
+            r = httpx.post(
+                base + "/v1/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                timeout=10,
+            )
+            assert r.status_code == 200, r.text
+        for _ in range(8):
+            q = parse(httpx.get(base + "/metrics/quality", timeout=5).content)
+            gen = "guard_generations_total"
+            assert value(q, gen, model="m", endpoint="chat", outcome="completed") == n
+        assert len(list((tmp_path / "mp").glob("counter_*.db"))) == 2  # both workers counted
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        assert proc.stderr is not None
+        proc.stderr.close()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
