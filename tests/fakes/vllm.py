@@ -82,6 +82,7 @@ class Recorded:
     disconnected: float | None = None
     chunks_sent: int = 0
     completed: bool = False
+    peer: tuple[str, int] | None = None
 
 
 class FakeVLLM:
@@ -140,6 +141,19 @@ class FakeVLLM:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def drop_idle_connections(self) -> None:
+        """Close kept-alive connections, as a server's keep-alive timeout does."""
+        assert self._loop is not None
+        done = threading.Event()
+
+        def drop() -> None:
+            for w in list(self._writers):
+                w.transport.abort()
+            done.set()
+
+        self._loop.call_soon_threadsafe(drop)
+        done.wait(5)
+
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -174,6 +188,7 @@ class FakeVLLM:
                 length = int(headers.get("content-length", "0"))
                 body = await reader.readexactly(length) if length else b""
                 rec = Recorded(method, target, headers, body, time.monotonic())
+                rec.peer = writer.get_extra_info("peername")
                 with contextlib.suppress(ValueError):
                     rec.json = orjson.loads(body) if body else None
                 self.requests.append(rec)
