@@ -29,7 +29,12 @@ from proxy.detect.repetition import (
     periodic_tail,
     repeated_ngram_rate,
 )
-from proxy.detect.script import intruding_share, script_counts, scripts_of_language
+from proxy.detect.script import (
+    intruding_share,
+    native_scripts,
+    script_counts,
+    scripts_of_language,
+)
 from proxy.detect.types import DetectorConfig, Summary, Verdict
 
 # Languages close enough that fastText confuses them on short windows; a switch inside a group
@@ -107,6 +112,7 @@ class Detector:
             dict.fromkeys(scripts_of_language(self.expected_language), cfg.script_establish_letters)
         )
         self._script_base_total = sum(self._script_base.values())
+        self._script_native = native_scripts(self._script_base)
         self._script_recent: deque[tuple[int, Counter[str]]] = deque()
         self._script_sum: Counter[str] = Counter()
         self._script_span = 0
@@ -334,7 +340,7 @@ class Detector:
         if self._script_base_total < cfg.script_establish_letters:
             self._extend_script_base(counts)
             return None
-        foreign_letters = sum(counts.values()) - counts["Latin"]
+        foreign_letters = self._foreign_letters(counts)
         if not foreign_letters and not self._script_foreign:
             # Latin is never foreign, so an all-Latin window cannot intrude (the common case):
             # skip the bookkeeping and let the letters extend the established mix.
@@ -349,7 +355,7 @@ class Detector:
             n, old = self._script_recent.popleft()
             span -= n
             recent.subtract(old)
-            self._script_foreign -= sum(old.values()) - old["Latin"]
+            self._script_foreign -= self._foreign_letters(old)
         self._script_span = span
         if not self._script_foreign:
             self._script_recent.clear()
@@ -375,6 +381,12 @@ class Detector:
     def _extend_script_base(self, counts: Counter[str]) -> None:
         self._script_base.update(counts)
         self._script_base_total += sum(counts.values())
+        self._script_native = native_scripts(self._script_base)
+
+    def _foreign_letters(self, counts: Counter[str]) -> int:
+        """Letters of scripts outside the established mix (the only ones that can intrude)."""
+        native = self._script_native
+        return sum(n for script, n in counts.items() if script not in native)
 
     def _check_language(self, new: str, final: bool) -> Verdict | None:
         """Identify consecutive segments; fire when off-language text holds on and has grown to

@@ -60,6 +60,17 @@ _FAMILIES: dict[str, frozenset[str]] = {
 }
 
 
+def native_scripts(established: Counter[str]) -> frozenset[str]:
+    """Scripts that cannot intrude: Latin, and every script of a family that holds at least 2 %
+    of the established letters."""
+    total = sum(established.values())
+    native = {"Latin"}
+    for script, count in established.items():
+        if count > 0.02 * total:
+            native |= _FAMILIES.get(script, frozenset({script}))
+    return frozenset(native)
+
+
 def intruding_share(established: Counter[str], recent: Counter[str]) -> tuple[str, float] | None:
     """The largest share in ``recent`` held by a script foreign to ``established``.
 
