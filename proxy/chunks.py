@@ -46,6 +46,53 @@ def parse(data: bytes) -> Any:
     return orjson.loads(data)
 
 
+def choice_text(choice: dict[str, Any]) -> str:
+    """All new text of one choice (the detector's input), fast for vLLM's usual
+    ``{"delta": {"content": ...}}``: reasoning, then content, then tool-call arguments."""
+    delta = choice.get("delta")
+    if delta is None:
+        text = choice.get("text")
+        return text if type(text) is str else ""
+    if type(delta) is not dict:
+        return ""
+    content = delta.get("content")
+    if type(content) is str and len(delta) == 1:
+        return content
+    pieces = choice_pieces(choice)
+    return pieces[0].text if len(pieces) == 1 else "".join(p.text for p in pieces)
+
+
+def choice_pieces(choice: dict[str, Any]) -> list[Piece]:
+    """The new text of one choice by channel (for reassembling a non-streamed answer)."""
+    pieces: list[Piece] = []
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        for key in REASONING_KEYS:
+            value = delta.get(key)
+            if isinstance(value, str) and value:
+                pieces.append(Piece(key, value))
+        content = delta.get("content")
+        if isinstance(content, str) and content:
+            pieces.append(Piece("content", content))
+        calls = delta.get("tool_calls")
+        if isinstance(calls, list):
+            for call in calls:
+                if not isinstance(call, dict):
+                    continue
+                fn = call.get("function")
+                args = fn.get("arguments") if isinstance(fn, dict) else None
+                if isinstance(args, str) and args:
+                    tool_index = call.get("index", 0)
+                    pieces.append(
+                        Piece("tool", args, tool_index if isinstance(tool_index, int) else 0)
+                    )
+    elif delta is None:
+        text = choice.get("text")
+        if isinstance(text, str) and text:
+            pieces.append(Piece("text", text))
+    return pieces
+
+
 def choice_deltas(chunk: dict[str, Any]) -> list[ChoiceDelta]:
     """The text each choice of ``chunk`` adds, chat or completions alike."""
     choices = chunk.get("choices")
@@ -56,38 +103,16 @@ def choice_deltas(chunk: dict[str, Any]) -> list[ChoiceDelta]:
         if not isinstance(choice, dict):
             continue
         index = choice.get("index", 0)
-        if not isinstance(index, int):
-            index = 0
-        pieces: list[Piece] = []
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            for key in REASONING_KEYS:
-                value = delta.get(key)
-                if isinstance(value, str) and value:
-                    pieces.append(Piece(key, value))
-            content = delta.get("content")
-            if isinstance(content, str) and content:
-                pieces.append(Piece("content", content))
-            calls = delta.get("tool_calls")
-            if isinstance(calls, list):
-                for call in calls:
-                    if not isinstance(call, dict):
-                        continue
-                    fn = call.get("function")
-                    args = fn.get("arguments") if isinstance(fn, dict) else None
-                    if isinstance(args, str) and args:
-                        tool_index = call.get("index", 0)
-                        pieces.append(
-                            Piece("tool", args, tool_index if isinstance(tool_index, int) else 0)
-                        )
-        else:
-            text = choice.get("text")
-            if isinstance(text, str) and text:
-                pieces.append(Piece("text", text))
-        text = pieces[0].text if len(pieces) == 1 else "".join(p.text for p in pieces)
+        pieces = choice_pieces(choice)
         finish = choice.get("finish_reason")
         out.append(
-            ChoiceDelta(index, text, pieces, finish if isinstance(finish, str) else None, choice)
+            ChoiceDelta(
+                index if isinstance(index, int) else 0,
+                "".join(p.text for p in pieces),
+                pieces,
+                finish if isinstance(finish, str) else None,
+                choice,
+            )
         )
     return out
 

@@ -118,15 +118,16 @@ class StreamGuard:
             chunk = orjson.loads(data)
         except orjson.JSONDecodeError:
             return raw
-        if not isinstance(chunk, dict):
+        if type(chunk) is not dict:
             return raw
-        if self.template is None and "choices" in chunk:
-            self.template = chunk
         usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self._note_usage(usage)
+        if usage is not None:
+            if type(usage) is dict:
+                self._note_usage(usage)
+            else:
+                usage = None
         choices = chunk.get("choices")
-        if not isinstance(choices, list):
+        if type(choices) is not list:
             if "error" in chunk:
                 err = chunk["error"]
                 self.error = err if isinstance(err, dict) else {"message": str(err)}
@@ -136,45 +137,58 @@ class StreamGuard:
             if usage is not None and self.strip_final_usage:
                 return b""
             return raw
+        if self.template is None:
+            self.template = chunk
 
         modified = False
         drop: list[dict[str, Any]] = []
-        for cd in chunks.choice_deltas(chunk):
-            state = self.choices.get(cd.index)
-            if state is None:
-                state = self.choices[cd.index] = ChoiceState(cd.index, self._make_detector())
-            if state.ended:
-                drop.append(cd.choice)  # a choice the guard already ended (n > 1)
+        single = len(choices) == 1
+        for choice in choices:
+            if type(choice) is not dict:
                 continue
-            if usage is not None and len(choices) == 1:
+            index = choice.get("index", 0)
+            state = self.choices.get(index)
+            if state is None:
+                if type(index) is not int:
+                    continue
+                state = self.choices[index] = ChoiceState(index, self._make_detector())
+            if state.ended:
+                drop.append(choice)  # a choice the guard already ended (n > 1)
+                continue
+            text = chunks.choice_text(choice)
+            if usage is not None and single:
                 ct = usage.get("completion_tokens")
-                tokens = ct - state.tokens if isinstance(ct, int) and ct >= state.tokens else 1
+                tokens = ct - state.tokens if type(ct) is int and ct >= state.tokens else 1
             else:
-                tokens = 1 if cd.text else 0
+                tokens = 1 if text else 0
             state.tokens += tokens
             verdict = None
-            if cd.text:
+            if text:
                 self.first_content = True
                 if self.collect:
-                    self._collect(state, cd.pieces)
+                    self._collect(state, chunks.choice_pieces(choice))
+                lp = choice.get("logprobs")
                 verdict = state.detector.feed(
-                    cd.text, tokens=tokens, logprobs=chunks.logprobs_content(cd.choice)
+                    text,
+                    tokens=tokens,
+                    logprobs=None if lp is None else chunks.logprobs_content(choice),
                 )
-                state.chars += len(cd.text)
+                state.chars += len(text)
             if self.collect:
-                self._collect_extra(state, cd.choice)
+                self._collect_extra(state, choice)
             if verdict is not None and state.verdict is None:
                 state.verdict = verdict
                 if self.mode == "enforce":
                     state.action = "aborted"
-                    chunks.mark_aborted(cd.choice, verdict, self.abort_finish_reason, state.tokens)
-                    self._end(state, self.abort_finish_reason, cd.choice["stop_reason"])
+                    chunks.mark_aborted(choice, verdict, self.abort_finish_reason, state.tokens)
+                    self._end(state, self.abort_finish_reason, choice["stop_reason"])
                     self.aborted = True
                     modified = True
                     continue
                 state.action = "observed"
-            if cd.finish_reason is not None:
-                self._end(state, cd.finish_reason, cd.choice.get("stop_reason"))
+            finish = choice.get("finish_reason")
+            if finish is not None:
+                self._end(state, str(finish), choice.get("stop_reason"))
 
         if drop:
             chunk["choices"] = [c for c in choices if not any(c is d for d in drop)]
