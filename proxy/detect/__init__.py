@@ -6,6 +6,6 @@ per-choice :class:`Summary` that the metrics layer records once per stream end.
 """
 
 from proxy.detect.detector import Detector
-from proxy.detect.types import DetectorConfig, Summary, Verdict
+from proxy.detect.types import SIGNALS, DetectorConfig, Summary, Verdict
 
-__all__ = ["Detector", "DetectorConfig", "Summary", "Verdict"]
+__all__ = ["SIGNALS", "Detector", "DetectorConfig", "Summary", "Verdict"]

@@ -85,6 +85,19 @@ class DetectorConfig:
     compression_max_ratio: float = 8.0
 
 
+#: Every value :attr:`Verdict.signal` can take (a small fixed set, fit for a metric label).
+SIGNALS: tuple[str, ...] = (
+    "repetition",
+    "token-flood",
+    "near-repetition",
+    "low-diversity",
+    "compression",
+    "script-intrusion",
+    "language-drift",
+    "entropy-collapse",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """Why and where a stream was judged degenerate.

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from proxy.detect import SIGNALS
 from proxy.scoring import Scored, score_rows
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "detect" / "sample.jsonl"
@@ -50,5 +51,6 @@ def test_detection_is_early(scored: list[Scored]) -> None:
     assert delays[len(delays) // 2] <= 400
     for s in scored:
         if s.degenerate:
+            assert s.signal in SIGNALS
             assert s.onset_char is not None and s.fired_at_char is not None
             assert 0 <= s.onset_char <= s.fired_at_char <= len(s.row["text"])
