@@ -383,7 +383,8 @@ def test_prepare_multiprocess_makes_a_directory(monkeypatch: pytest.MonkeyPatch)
         assert path is not None and os.path.isdir(path)
         assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == path
     finally:
-        monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+        # Not monkeypatch.delenv: it would record the value set above and restore it.
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
         if path:
             os.rmdir(path)
 
