@@ -13,10 +13,11 @@ Hot-path rules this module keeps:
 * Every labelled child is looked up once and cached in a plain dict keyed by the label tuple,
   so a hot call is one dict lookup plus an ``inc``/``observe`` (prometheus-client's ``labels()``
   validates and takes a lock on every call).
-* Label values come from small fixed sets. Free-form values (model names, detector signals,
-  languages, routes) pass through :class:`CappedLabel`: the first N distinct values are kept,
-  anything after that, or anything that does not look like a label value, becomes ``other``, so a
-  client sending random model names cannot blow up the series count.
+* Label values come from small fixed sets (outcomes, actions, finish reasons, the detector's
+  ``SIGNALS``); anything else is ``other``. Free-form values (model names, languages, routes)
+  pass through :class:`CappedLabel`: the first N distinct values are kept, anything after
+  that, or anything that does not look like a label value, becomes ``other``, so a client
+  sending random model names cannot blow up the series count.
 
 With ``--workers N > 1`` each worker is its own process and would expose only its own counts;
 prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set up by
@@ -48,6 +49,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from proxy.detect import SIGNALS
 from proxy.records import ChoiceRecord, GenerationRecord
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -76,6 +78,8 @@ FINISH_REASONS: Final = frozenset(
         "guard",
     }
 )
+
+_SIGNALS: Final = frozenset(SIGNALS)
 
 # Token counts: 16 .. 131072 by powers of two (a 128K context is the longest common limit).
 TOKEN_BUCKETS: Final = tuple(float(2**i) for i in range(4, 18))
@@ -213,7 +217,6 @@ class Metrics:
         self.quality_registry = CollectorRegistry(auto_describe=True)
         self.infra_registry = CollectorRegistry(auto_describe=True)
         self._model = CappedLabel(max_models, models)
-        self._signal = CappedLabel(16)
         self._language = CappedLabel(32)
         self._route = CappedLabel(32)
         self._dtype = CappedLabel(8)
@@ -439,7 +442,7 @@ class Metrics:
                 self._entropy(model).observe(summary.token_entropy)
             verdict = summary.verdict
             if verdict is not None and action is not None:
-                signal = self._signal(verdict.signal)
+                signal = _fixed(verdict.signal, _SIGNALS)
                 self._detections(model, signal, _fixed(action, DETECTION_ACTIONS)).inc()
                 self._abort_position(model, signal).observe(verdict.fired_at_token)
 

@@ -45,7 +45,7 @@ PROMETHEUS_INSTALL = "apt-get install -y --no-install-recommends prometheus"
 def _proxy_exposition() -> set[str]:
     """Sample names of a proxy whose every metric has been touched once."""
     m = Metrics()
-    verdict = Verdict("narrative-loop", 0.9, 400, 100, 200)
+    verdict = Verdict("repetition", 0.9, 400, 100, 200)
     summary = Summary(400, 100, 0.9, 0.2, 0.5, verdict)
     m.record_generation(
         GenerationRecord(

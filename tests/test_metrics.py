@@ -18,7 +18,7 @@ import httpx
 import pytest
 from prometheus_client import Counter, Histogram
 
-from proxy.detect import Summary, Verdict
+from proxy.detect import SIGNALS, Summary, Verdict
 from proxy.metrics import OTHER, CappedLabel, Metrics, prepare_multiprocess
 from proxy.records import ChoiceRecord, GenerationRecord
 from tests.exposition_server import families, parse, value
@@ -57,7 +57,7 @@ def summary(
     )
 
 
-def loop_verdict(at_token: int = 300, signal: str = "narrative-loop") -> Verdict:
+def loop_verdict(at_token: int = 300, signal: str = "repetition") -> Verdict:
     return Verdict(
         signal=signal,
         score=0.97,
@@ -106,17 +106,17 @@ def test_n_aborted_generations_counted(metrics: Metrics) -> None:
     assert value(q, gen, model="m", endpoint="chat", outcome="completed") == 3
     assert value(q, gen, model="m", endpoint="chat", outcome="client_disconnected") == 0
     det = "guard_detections_total"
-    assert value(q, det, model="m", signal="narrative-loop", action="aborted") == 7
+    assert value(q, det, model="m", signal="repetition", action="aborted") == 7
     # Aborted choices count as the guard's own finish, not what the client was told.
     assert value(q, "guard_finish_reason_total", model="m", finish_reason="guard") == 7
     assert value(q, "guard_finish_reason_total", model="m", finish_reason="stop") == 3
     assert value(q, "guard_finish_reason_total", model="m", finish_reason="content_filter") == 0
     assert value(q, "guard_tokens_saved_total", model="m") == 7 * (1000 - 300)
     pos = "guard_abort_position_tokens"
-    assert value(q, pos + "_count", model="m", signal="narrative-loop") == 7
-    assert value(q, pos + "_sum", model="m", signal="narrative-loop") == 7 * 300
-    assert value(q, pos + "_bucket", model="m", signal="narrative-loop", le="256.0") == 0
-    assert value(q, pos + "_bucket", model="m", signal="narrative-loop", le="512.0") == 7
+    assert value(q, pos + "_count", model="m", signal="repetition") == 7
+    assert value(q, pos + "_sum", model="m", signal="repetition") == 7 * 300
+    assert value(q, pos + "_bucket", model="m", signal="repetition", le="256.0") == 0
+    assert value(q, pos + "_bucket", model="m", signal="repetition", le="512.0") == 7
     assert value(q, "guard_completion_tokens_count", model="m") == 10
     assert value(q, "guard_completion_tokens_sum", model="m") == 7 * 300 + 3 * 50
     assert value(q, "guard_repetition_score_count", model="m") == 10
@@ -225,6 +225,18 @@ def test_configured_models_are_admitted_first() -> None:
     assert value(q, gen, model="org/llama-3.1-8b", endpoint="chat", outcome="completed") == 1
     assert value(q, gen, model="x", endpoint="chat", outcome="completed") == 1
     assert value(q, gen, model=OTHER, endpoint="chat", outcome="completed") == 1
+
+
+def test_signal_label_is_the_detectors_fixed_set(metrics: Metrics) -> None:
+    record = aborted()
+    summary = record.choices[0].summary
+    assert summary is not None and summary.verdict is not None
+    odd = Verdict("made-up-signal", 1.0, 10, 5, 0)
+    record.choices[0].summary = Summary(40, 5, None, None, None, odd)
+    metrics.record_generation(record)
+    q = parse(metrics.render_quality()[0])
+    assert value(q, "guard_detections_total", model="m", signal=OTHER, action="aborted") == 1
+    assert "repetition" in SIGNALS
 
 
 def test_capped_label_rejects_junk() -> None:
