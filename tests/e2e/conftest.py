@@ -18,13 +18,13 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.support import Server, StartError, record_figure, start_server
+from tests.e2e.support import ProxyFactory, Server, StartError, record_figure, start_server
 
 E2E_HOME = Path(
     os.environ.get("COHERENCE_GUARD_E2E_HOME", Path.home() / ".cache" / "coherence-guard-e2e")
@@ -33,13 +33,6 @@ REQUIRED = os.environ.get("COHERENCE_GUARD_E2E", "").lower() == "require"
 
 ENGINE_START_TIMEOUT = 420.0
 PROXY_START_TIMEOUT = 30.0
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in item.path.parents:
-            item.add_marker(pytest.mark.e2e)
 
 
 def _unavailable(reason: str) -> None:
@@ -91,9 +84,6 @@ def vllm_engine(manifest: dict[str, Any]) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def llama_engine(manifest: dict[str, Any]) -> Iterator[Server]:
     yield from _engine("llamacpp", manifest.get("llamacpp"), 120.0)
-
-
-ProxyFactory = Callable[..., Server]
 
 
 @pytest.fixture(scope="session")

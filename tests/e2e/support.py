@@ -109,6 +109,10 @@ class Server:
                 self.proc.wait(timeout=10)
 
 
+#: ``start_proxy(engine_or_url, **guard_settings) -> Server``, the session fixture's factory.
+ProxyFactory = Callable[..., Server]
+
+
 class StartError(Exception):
     pass
 

@@ -8,9 +8,11 @@ import sys
 from typing import Any
 
 import httpx
+import pytest
 
-from tests.e2e.conftest import ProxyFactory
-from tests.e2e.support import ROOT, Server, free_port, record_figure
+from tests.e2e.support import ROOT, ProxyFactory, Server, free_port, record_figure
+
+pytestmark = pytest.mark.e2e
 
 TIERS = ["factual", "story", "code"]
 

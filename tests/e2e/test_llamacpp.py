@@ -14,17 +14,21 @@ import sys
 import time
 from typing import Any
 
-from tests.e2e.conftest import ProxyFactory
+import pytest
+
 from tests.e2e.support import (
     GREEDY,
     LOOP_PROMPTS,
     ROOT,
+    ProxyFactory,
     Server,
     record_figure,
     sample_value,
     stream_chat,
     wait_for,
 )
+
+pytestmark = pytest.mark.e2e
 
 PROCESSING = "llamacpp:requests_processing"
 PREDICTED = "llamacpp:tokens_predicted_total"

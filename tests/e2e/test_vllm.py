@@ -14,16 +14,18 @@ from typing import Any
 import pytest
 
 from proxy.rewrite import LANGUAGE_INSTRUCTIONS
-from tests.e2e.conftest import ProxyFactory
 from tests.e2e.support import (
     GREEDY,
     LOOP_PROMPTS,
+    ProxyFactory,
     Server,
     record_figure,
     sample_value,
     stream_chat,
     wait_for,
 )
+
+pytestmark = pytest.mark.e2e
 
 RUNNING = "vllm:num_requests_running"
 GENERATED = "vllm:generation_tokens_total"
