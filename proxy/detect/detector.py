@@ -61,6 +61,24 @@ def _code_like(text: str) -> bool:
     return len(_CODE_SYMBOLS.findall(text)) > 0.03 * len(text)
 
 
+_NUMBER = re.compile(r"\d+")
+
+
+def _counts_down(region: str, slots: int) -> bool:
+    """Whether the numbers of a counter loop only ever decrease from one copy to the next.
+
+    A countdown (99 Bottles, Ten Green Bottles with digits, a timer) ends by construction when
+    it reaches zero; a runaway generation enumerates forward (Paragraph 17, 18, 19 …) with no
+    end in sight. ``slots`` is how many numbers one copy of the unit holds, so the number ``i``
+    and the number ``i + slots`` fill the same place in consecutive copies.
+    """
+    if slots <= 0:
+        return False
+    numbers = [int(n[-9:]) for n in _NUMBER.findall(region)]
+    steps = [b - a for a, b in zip(numbers, numbers[slots:], strict=False)]
+    return bool(steps) and all(d <= 0 for d in steps) and any(d < 0 for d in steps)
+
+
 def _same_language(a: str, b: str) -> bool:
     return a == b or b in _GROUP.get(a, ())
 
@@ -108,6 +126,7 @@ class Detector:
         self._ngram_streak = 0
         self._ngram_onset = 0
         self._json_like: bool | None = None
+        self._countdown = False
         self._script_base: Counter[str] = Counter(
             dict.fromkeys(scripts_of_language(self.expected_language), cfg.script_establish_letters)
         )
@@ -235,7 +254,13 @@ class Detector:
         verdict = None
         if cfg.repetition:
             verdict = self._check_repetition(relax)
-        if verdict is None and (cfg.ngram or cfg.diversity or cfg.compression):
+        # A countdown explains its own repetition (and ends by itself): the softer repetition
+        # signals stay quiet while one is running.
+        if (
+            verdict is None
+            and not self._countdown
+            and (cfg.ngram or cfg.diversity or cfg.compression)
+        ):
             verdict = self._check_diversity(new, relax, final)
         if verdict is None and cfg.script:
             verdict = self._check_script(new)
@@ -265,7 +290,12 @@ class Detector:
                 counter, norm, cfg.counter_min_repeats * relax, cfg.counter_min_span_chars
             ):
                 onset = self._norm_to_raw(self._norm_total - counter.span)
-                return self._fire(self._loop_kind(counter, norm), counter.repeats, onset)
+                slots = norm[len(norm) - counter.period :].count("0")
+                self._countdown = _counts_down(self._raw[max(0, onset - self._raw_base) :], slots)
+                if not self._countdown:
+                    return self._fire(self._loop_kind(counter, norm), counter.repeats, onset)
+                return None
+        self._countdown = False
         return None
 
     @staticmethod

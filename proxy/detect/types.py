@@ -39,13 +39,13 @@ class DetectorConfig:
     # 2. near-duplicate loops: repeated word-4-gram rate and compression of the recent words
     ngram: bool = True
     ngram_window_words: int = 240
-    ngram_max_repeat_rate: float = 0.6
+    ngram_max_repeat_rate: float = 0.7
     ngram_min_compression: float = 3.5
-    ngram_sustain_checks: int = 2
+    ngram_sustain_checks: int = 3
 
     # 3. lexical diversity (floods and babble): distinct-word ratio of the recent words
     diversity: bool = True
-    diversity_min_ratio: float = 0.08
+    diversity_min_ratio: float = 0.04
     diversity_min_words: int = 120
 
     # 4. script intrusion against the stream's established script mix

@@ -34,7 +34,7 @@ def test_near_duplicate_list_loop_fires() -> None:
     items = varied_words(80, seed=11)
     text = ENGLISH + "".join(
         f"{i}. Python decorators versus {items[i]} decorators: a short comparison of the two "
-        "approaches in modern code\n"
+        "approaches, with examples of when to use each one in modern production code\n"
         for i in range(1, 80)
     )
     summary = stream(text, NO_EXACT)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.detect import DetectorConfig
+from proxy.detect.detector import _counts_down
 from proxy.detect.repetition import (
     normalise_numbers,
     periodic_span,
@@ -12,7 +13,16 @@ from proxy.detect.repetition import (
     repeated_ngram_rate,
 )
 from tests.detect.conftest import stream
-from tests.detect.texts import ENGLISH, ITALIAN, MARKDOWN_TABLE, PYTHON_CODE, varied_words
+from tests.detect.texts import (
+    ENGLISH,
+    ITALIAN,
+    MARKDOWN_TABLE,
+    PYTHON_CODE,
+    beer_song,
+    green_bottles,
+    twelve_days,
+    varied_words,
+)
 
 
 def test_periodic_span_counts_whole_and_partial_copies() -> None:
@@ -127,3 +137,31 @@ def test_repetition_can_be_switched_off() -> None:
         repetition=False, ngram=False, diversity=False, compression=False, entropy=False
     )
     assert stream(ENGLISH + "the " * 300, config).verdict is None
+
+
+def test_counts_down_tells_countdowns_from_runaway_counters() -> None:
+    assert _counts_down("99 x 98 y\n98 x 97 y\n97 x 96 y\n", 2) is True
+    assert _counts_down("Paragraph 17 a\nParagraph 18 a\nParagraph 19 a\n", 1) is False
+    assert _counts_down("7 a 7 a 7 a", 1) is False  # constant numbers: an exact loop
+    assert _counts_down("no numbers", 1) is False
+
+
+@pytest.mark.parametrize(
+    "song",
+    [beer_song(), green_bottles(), twelve_days()],
+    ids=["99-bottles", "ten-green-bottles", "twelve-days"],
+)
+def test_songs_with_refrains_pass(song: str) -> None:
+    """Counting-down and cumulative songs are repetitive by design, not degenerate."""
+    assert stream(song).verdict is None
+
+
+def test_counting_up_the_same_verse_fires() -> None:
+    """The same song counting up has no end in sight: a runaway counter loop."""
+    up = "".join(
+        f"{n} bottles of beer on the wall, {n} bottles of beer.\n"
+        f"Put one up and pass it around, {n + 1} bottles of beer on the wall.\n\n"
+        for n in range(1, 40)
+    )
+    summary = stream(up)
+    assert summary.verdict is not None and summary.verdict.signal == "repetition"

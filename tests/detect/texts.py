@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 ITALIAN = (
@@ -97,3 +98,46 @@ def as_deltas(text: str) -> list[str]:
     from proxy.scoring import split_deltas
 
     return list(split_deltas(text))
+
+
+def beer_song(first: int = 99) -> str:
+    """The traditional counting-down song, with digits: a counter loop that ends by itself."""
+    return "".join(
+        f"{n} bottles of beer on the wall, {n} bottles of beer.\n"
+        f"Take one down and pass it around, {n - 1} bottles of beer on the wall.\n\n"
+        for n in range(first, 2, -1)
+    )
+
+
+def green_bottles() -> str:
+    """Ten Green Bottles: verses that differ in one word, a refrain song."""
+    names = ["Ten", "Nine", "Eight", "Seven", "Six", "Five", "Four", "Three", "Two", "One", "No"]
+    verses = []
+    for now, then in itertools.pairwise(names):
+        bottles = "bottle" if now == "One" else "bottles"
+        after = "bottle" if then == "One" else "bottles"
+        line = f"{now} green {bottles} hanging on the wall,\n"
+        verses.append(
+            line * 2 + "And if one green bottle should accidentally fall,\n"
+            f"There'll be {then.lower()} green {after} hanging on the wall.\n\n"
+        )
+    return "".join(verses)
+
+
+def twelve_days() -> str:
+    """The Twelve Days of Christmas: a cumulative song, each verse repeats all before it."""
+    days = "first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth"
+    gifts = [
+        "a Partridge in a Pear Tree", "two Turtle Doves", "three French Hens",
+        "four Calling Birds", "five Gold Rings", "six Geese-a-Laying", "seven Swans-a-Swimming",
+        "eight Maids-a-Milking", "nine Ladies Dancing", "ten Lords-a-Leaping",
+        "eleven Pipers Piping", "twelve Drummers Drumming",
+    ]  # fmt: skip
+    verses = []
+    for i, day in enumerate(days.split()):
+        given = gifts[: i + 1][::-1]
+        if i:
+            given[-1] = "and " + given[-1]
+        verses.append(f"On the {day} day of Christmas my true love gave to me: ")
+        verses.append(", ".join(given) + ".\n\n")
+    return "".join(verses)
