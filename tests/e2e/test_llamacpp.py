@@ -51,7 +51,10 @@ def assert_slot_freed(engine: Server, since: float, what: str) -> float:
 def test_healthy_answer_is_the_engines_answer(
     llama_engine: Server, start_proxy: ProxyFactory, model_name: str
 ) -> None:
-    proxy = start_proxy(llama_engine)
+    """Also with vLLM-only fields injected (continuous usage stats, repetition_detection): the
+    engine ignores them and the answer is unchanged."""
+    vllm_only = {"repetition_detection": {"max_pattern_size": 32, "min_count": 3}}
+    proxy = start_proxy(llama_engine, sampling_defaults={"*": vllm_only})
     kwargs: dict[str, Any] = {
         "model": model_name,
         "messages": [{"role": "user", "content": "Name three colours of the rainbow."}],
