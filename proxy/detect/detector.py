@@ -394,8 +394,11 @@ class Detector:
             self._script_streak = 0
             return None
         intrusion = intruding_share(self._script_base, +recent)
-        foreign = intrusion is not None and intrusion[1] >= cfg.script_max_share
-        if intrusion is not None and foreign and recent[intrusion[0]] >= cfg.script_min_letters:
+        if (
+            intrusion is not None
+            and intrusion[1] >= cfg.script_max_share
+            and intrusion[2] >= cfg.script_min_letters
+        ):
             if self._script_streak == 0:
                 self._script_onset = self._chars - span
             self._script_streak += 1

@@ -71,28 +71,27 @@ def native_scripts(established: Counter[str]) -> frozenset[str]:
     return frozenset(native)
 
 
-def intruding_share(established: Counter[str], recent: Counter[str]) -> tuple[str, float] | None:
-    """The largest share in ``recent`` held by a script foreign to ``established``.
+def intruding_share(
+    established: Counter[str], recent: Counter[str]
+) -> tuple[str, float, int] | None:
+    """Foreign letters in ``recent``: (the largest foreign script, the share of all foreign
+    letters together, their number), or None when there are none.
 
     A script is foreign when it (with its family) held under 2 % of the established letters.
-    Latin never counts as foreign against a non-Latin mix: technical terms, names and code are
-    written in Latin everywhere.
+    Latin never counts as foreign: technical terms, names and code are written in Latin
+    everywhere. Foreign scripts are summed, so gibberish that scatters a few letters of many
+    scripts counts as much as one script taking over.
     """
     base_total = sum(established.values())
     recent_total = sum(recent.values())
     if base_total == 0 or recent_total == 0:
         return None
-    worst: tuple[str, float] | None = None
-    for script, count in recent.items():
-        if script == "Latin":
-            continue
-        family = _FAMILIES.get(script, frozenset({script}))
-        if any(established.get(s, 0) > 0.02 * base_total for s in family):
-            continue
-        share = count / recent_total
-        if worst is None or share > worst[1]:
-            worst = (script, share)
-    return worst
+    native = native_scripts(established)
+    foreign = {script: n for script, n in recent.items() if script not in native and n > 0}
+    if not foreign:
+        return None
+    letters = sum(foreign.values())
+    return (max(foreign, key=foreign.__getitem__), letters / recent_total, letters)
 
 
 _LANGUAGE_SCRIPTS: dict[str, tuple[str, ...]] = {

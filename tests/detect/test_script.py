@@ -67,3 +67,26 @@ def test_expected_language_seeds_the_mix() -> None:
     """A Japanese page that opens with English options is not taken over by its Japanese."""
     text = ENGLISH[:300] + JAPANESE * 3
     assert stream(text, SCRIPT_ONLY, expected_language="ja").verdict is None
+
+
+def test_gibberish_scattering_many_scripts_fires() -> None:
+    """No single script takes over, but together the foreign letters do."""
+    gibberish = "mesh ต่ำ 빈иё engan جاري伝 mixed नमस Heył 想着 ril التش ศาล คร 件 вза ここ 刊 પુસ્ત "
+    summary = stream(ITALIAN + gibberish * 8, SCRIPT_ONLY)
+    assert summary.verdict is not None
+    assert summary.verdict.signal == "script-intrusion"
+
+
+def test_a_list_of_greetings_in_many_languages_passes() -> None:
+    """An English answer quoting a word in several scripts is not gibberish."""
+    text = (
+        ENGLISH
+        + (
+            "Here is hello in a few languages: Japanese こんにちは (konnichiwa), Chinese 你好 "
+            "(ni hao), Korean 안녕하세요 (annyeonghaseyo), Russian Привет (privet), Arabic مرحبا "
+            "(marhaba) and Hindi नमस्ते (namaste). Each greeting is used in everyday speech, and "
+            "the romanised forms in brackets show how they sound to an English speaker. "
+        )
+        + ENGLISH
+    )
+    assert stream(text, SCRIPT_ONLY).verdict is None
