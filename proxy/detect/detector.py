@@ -264,7 +264,7 @@ class Detector:
             verdict = self._check_diversity(new, relax, final)
         if verdict is None and cfg.script:
             verdict = self._check_script(new)
-        if verdict is None and cfg.language:
+        if verdict is None and cfg.language_drift:
             verdict = self._check_language(new, final)
         if verdict is None and cfg.entropy:
             verdict = self._check_entropy()

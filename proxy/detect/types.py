@@ -59,7 +59,7 @@ class DetectorConfig:
     # 5. language drift (fastText lid.176 on cleaned, consecutive segments of the text): fires
     # when a segment is confidently in another language and such segments have become at least
     # language_min_share of all identified text (a quoted passage in a long page has not)
-    language: bool = True
+    language_drift: bool = True
     language_segment_chars: int = 128
     language_min_chars: int = 50
     language_min_confidence: float = 0.9

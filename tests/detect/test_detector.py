@@ -111,7 +111,15 @@ def test_every_knob_is_a_simple_type_and_read_from_guard_env(
     for field in dataclasses.fields(DetectorConfig):
         assert field.type in ("bool", "int", "float", "str"), field.name
     monkeypatch.setenv("GUARD_REPETITION_MIN_REPEATS", "9.5")
-    monkeypatch.setenv("GUARD_LANGUAGE", "false")
+    monkeypatch.setenv("GUARD_LANGUAGE_DRIFT", "false")
     config = load_detector_config()
     assert config.repetition_min_repeats == 9.5
-    assert config.language is False
+    assert config.language_drift is False
+
+
+def test_no_knob_shares_a_variable_with_the_proxy_settings() -> None:
+    """GUARD_LANGUAGE is the request rewriter's; the drift switch is GUARD_LANGUAGE_DRIFT."""
+    from proxy.settings import Settings
+
+    knobs = {field.name for field in dataclasses.fields(DetectorConfig)}
+    assert knobs.isdisjoint(Settings.model_fields)

@@ -7,7 +7,7 @@ from proxy.detect.diversity import compression_ratio, distinct_ratio, mattr, wor
 from tests.detect.conftest import stream
 from tests.detect.texts import ENGLISH, ITALIAN, MARKDOWN_TABLE, varied_words
 
-NO_EXACT = DetectorConfig(repetition=False, language=False, script=False, entropy=False)
+NO_EXACT = DetectorConfig(repetition=False, language_drift=False, script=False, entropy=False)
 
 
 def test_words_of_keeps_words_with_letters_only() -> None:

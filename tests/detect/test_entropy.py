@@ -16,7 +16,7 @@ ENTROPY_ONLY = DetectorConfig(
     ngram=False,
     diversity=False,
     script=False,
-    language=False,
+    language_drift=False,
     compression=False,
     entropy_window_tokens=64,
 )

@@ -14,7 +14,7 @@ SCRIPT_ONLY = DetectorConfig(
     repetition=False,
     ngram=False,
     diversity=False,
-    language=False,
+    language_drift=False,
     entropy=False,
     compression=False,
 )
