@@ -21,67 +21,88 @@ class DetectorConfig:
     differ between models, characters do not.
     """
 
-    # How often the window is evaluated; signals never run per token.
+    # How often (characters) the window is evaluated; signals never run per token.
     check_every_chars: int = 128
-    # Rolling window for periodicity (bounds memory per stream; a unit must fit 3 times).
+    # Rolling window (characters) for periodic loops; memory per stream is about twice this.
     window_chars: int = 8192
 
-    # 1. repetition: exact periodic tail of any period
+    # Repetition signal on/off: exact periodic tail of any period (raw and digit-normalised).
     repetition: bool = True
+    # Copies of the unit an exact loop needs.
     repetition_min_repeats: float = 4.0
+    # Characters an exact loop must cover (half of it at least; span x copies >= 4x this).
     repetition_min_span_chars: int = 240
-    # ... and the same after digit runs are normalised (counter loops): stronger evidence needed
+    # Copies a counter loop (periodic once digit runs are normalised) needs.
     counter_min_repeats: float = 6.0
+    # Characters a counter loop must cover (same rule as repetition_min_span_chars).
     counter_min_span_chars: int = 400
-    # inside fenced code, Markdown tables and JSON output the two above are multiplied by this
+    # Inside code fences, Markdown tables and JSON: copies and compression limits times this.
     structured_relax: float = 2.0
 
-    # 2. near-duplicate loops: repeated word-4-gram rate and compression of the recent words
+    # Near-repetition signal on/off: repeated word-4-gram rate plus compression.
     ngram: bool = True
+    # Recent words the n-gram and diversity signals look at.
     ngram_window_words: int = 240
+    # Share of the window's 4-grams seen before in it at which near-repetition holds.
     ngram_max_repeat_rate: float = 0.7
+    # zlib ratio of those words that must hold at the same time.
     ngram_min_compression: float = 3.5
+    # Consecutive evaluations (every 2 checks) near-repetition must hold before firing.
     ngram_sustain_checks: int = 3
 
-    # 3. lexical diversity (floods and babble): distinct-word ratio of the recent words
+    # Low-diversity signal on/off: distinct-word ratio of the recent words (floods, babble).
     diversity: bool = True
+    # Distinct words / words below which the window is a flood.
     diversity_min_ratio: float = 0.04
+    # Words needed before diversity is judged.
     diversity_min_words: int = 120
 
-    # 4. script intrusion against the stream's established script mix
+    # Script-intrusion signal on/off: scripts foreign to the stream's established mix.
     script: bool = True
+    # Letters that establish the stream's script mix (unless the expected language does).
     script_establish_letters: int = 200
+    # Recent characters in which foreign letters are counted.
     script_window_chars: int = 512
+    # Share of the window's letters foreign scripts must hold.
     script_max_share: float = 0.35
+    # Foreign letters needed in the window.
     script_min_letters: int = 60
+    # Consecutive checks the intrusion must hold before firing.
     script_sustain_checks: int = 2
 
-    # 5. language drift (fastText lid.176 on cleaned, consecutive segments of the text): fires
-    # when a segment is confidently in another language and such segments have become at least
-    # language_min_share of all identified text (a quoted passage in a long page has not)
+    # Language-drift signal on/off (fastText lid.176 on cleaned segments of the text).
     language_drift: bool = True
+    # Characters per identified segment.
     language_segment_chars: int = 128
+    # Cleaned characters a segment needs to be identified (half at the end of a stream).
     language_min_chars: int = 50
+    # Confidence a segment in another language needs to count as drift.
     language_min_confidence: float = 0.9
+    # Share of all identified text the off-language text must reach to fire.
     language_min_share: float = 0.4
+    # Consecutive off-language segments needed to fire.
     language_sustain_segments: int = 1
-    # the share forgets old text with this half-life (identified characters), so drift after a
-    # long stretch in the right language is still caught within a couple of thousand characters
+    # Half-life (identified characters) with which the share forgets old text.
     language_half_life_chars: int = 2048
-    # identification costs ~0.6 µs per character: past the first language_dense_chars of a
-    # stream, only every language_sample_every-th segment is identified
+    # Characters at the start of a stream in which every segment is identified.
     language_dense_chars: int = 512
+    # After that, only every n-th segment is identified (fastText is the costliest step).
     language_sample_every: int = 2
 
-    # 6. entropy collapse (needs top_logprobs from the upstream)
+    # Entropy-collapse signal on/off (needs top_logprobs from the upstream).
     entropy: bool = True
+    # Tokens over which the mean entropy is taken.
     entropy_window_tokens: int = 256
+    # Mean entropy (nats) at or below which the model counts as collapsed.
     entropy_max_nats: float = 0.05
+    # zlib ratio of the recent text needed at the same time (low entropy alone is normal).
     entropy_min_compression: float = 3.0
 
-    # 7. zlib compression ratio of the window as a stand-alone cross-check
+    # Compression signal on/off: zlib ratio of the recent text as a stand-alone cross-check.
     compression: bool = True
+    # Recent characters compressed (every 8 checks).
     compression_window_chars: int = 1536
+    # zlib ratio at or above which the window fires.
     compression_max_ratio: float = 8.0
 
 
