@@ -473,10 +473,15 @@ class Detector:
         fade = 0.5 ** (len(clean) / max(1, cfg.language_half_life_chars))
         self._lang_total = self._lang_total * fade + len(clean)
         self._lang_off *= fade
-        if _same_language(reference, code) or confidence < cfg.language_min_confidence:
+        if _same_language(reference, code):
             self._lang_streak = 0
             return None
-        self._lang_off += len(clean)
+        # Foreign text counts in proportion to the confidence (a mixed segment at a switch
+        # point counts in part), but only a confident segment can fire.
+        self._lang_off += len(clean) * confidence
+        if confidence < cfg.language_min_confidence:
+            self._lang_streak = 0
+            return None
         if self._lang_streak == 0:
             self._lang_onset = self._lang_seg_start
         self._lang_streak += 1

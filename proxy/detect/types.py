@@ -79,7 +79,7 @@ class DetectorConfig:
     # Confidence a segment in another language needs to count as drift.
     language_min_confidence: float = 0.9
     # Share of all identified text the off-language text must reach to fire.
-    language_min_share: float = 0.4
+    language_min_share: float = 0.5
     # Consecutive off-language segments needed to fire.
     language_sustain_segments: int = 1
     # Half-life (identified characters) with which the share forgets old text.

@@ -46,7 +46,7 @@ def test_italian_drifting_into_english_fires() -> None:
     assert summary.verdict is not None
     assert summary.verdict.signal == "language-drift"
     assert len(ITALIAN) - 200 <= summary.verdict.onset_char <= len(ITALIAN) + 200
-    assert summary.verdict.fired_at_char <= len(ITALIAN) + 900
+    assert summary.verdict.fired_at_char <= len(ITALIAN) + 1300
 
 
 def test_drift_is_found_without_an_expected_language() -> None:
@@ -82,5 +82,5 @@ def test_drift_after_a_long_healthy_stretch_fires() -> None:
     italian = ITALIAN * 10
     summary = stream(italian + ENGLISH * 8, LANGUAGE_ONLY, expected_language="it")
     assert summary.verdict is not None and summary.verdict.signal == "language-drift"
-    assert summary.verdict.fired_at_char - len(italian) <= 3500
+    assert summary.verdict.fired_at_char - len(italian) <= 4000
     assert summary.verdict.onset_char >= len(italian) - 200
