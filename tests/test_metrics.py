@@ -433,19 +433,23 @@ def test_served_with_two_workers_every_scrape_sees_every_request(
             assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
             time.sleep(0.1)
         fake_upstream.script = Script(texts=["A short and healthy answer."])
-        n = 24
-        for _ in range(n):
+        mp = tmp_path / "mp"
+        n = 0
+        # Fresh connections until both workers have handled requests (the kernel picks which
+        # worker accepts; a counter file appears per worker pid on its first request).
+        while n < 24 or len(list(mp.glob("counter_*.db"))) < 2:
+            assert n < 400, "one worker took every connection"
             r = httpx.post(
                 base + "/v1/chat/completions",
                 json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
                 timeout=10,
             )
             assert r.status_code == 200, r.text
+            n += 1
         for _ in range(8):
             q = parse(httpx.get(base + "/metrics/quality", timeout=5).content)
             gen = "guard_generations_total"
             assert value(q, gen, model="m", endpoint="chat", outcome="completed") == n
-        assert len(list((tmp_path / "mp").glob("counter_*.db"))) == 2  # both workers counted
     finally:
         proc.terminate()
         try:
