@@ -53,6 +53,7 @@ _CLOSE_LANGUAGES: tuple[frozenset[str], ...] = (
 _GROUP = {code: group for group in _CLOSE_LANGUAGES for code in group}
 
 
+_LATIN_LETTER = re.compile(r"[A-Za-z]")
 _CODE_SYMBOLS = re.compile(r"[{}();=$<>\[\]]")
 
 
@@ -143,6 +144,7 @@ class Detector:
         self._lang_buf: list[str] = []
         self._lang_buf_chars = 0
         self._lang_segments = 0
+        self._lang_non_latin = scripts_of_language(self.expected_language) not in ((), ("Latin",))
         self._lang_seg_start = 0
         self._lang_seg_fenced = False
         self._lang_established: str | None = None
@@ -444,6 +446,18 @@ class Detector:
             self._lang_buf.clear()
             self._lang_buf_chars = 0
             return None
+        reference = self.expected_language or self._lang_established
+        if self._lang_non_latin and reference and not _LATIN_LETTER.search(segment):
+            # A stream in a non-Latin script drifts into Latin-script languages (English above
+            # all); drift between languages of one non-Latin script stays within the close
+            # groups above. So a segment without a Latin letter is native: no need to ask.
+            self._lang_buf.clear()
+            self._lang_buf_chars = 0
+            fade = 0.5 ** (len(segment) / max(1, cfg.language_half_life_chars))
+            self._lang_total = self._lang_total * fade + len(segment)
+            self._lang_off *= fade
+            self._lang_streak = 0
+            return None
         clean = (
             ""  # source code: identifiers and keywords are not a language the answer drifts to
             if _code_like(segment)
@@ -461,10 +475,10 @@ class Detector:
         if found is None:
             return None
         code, confidence = found
-        reference = self.expected_language or self._lang_established
         if reference is None:
             if confidence >= cfg.language_min_confidence:
                 self._lang_established = code
+                self._lang_non_latin = scripts_of_language(code) != ("Latin",)
                 self._lang_total += len(clean)
             return None
         # Every identified segment counts towards the total; only confident foreign ones count

@@ -5,7 +5,7 @@ from __future__ import annotations
 from proxy.detect import DetectorConfig
 from proxy.language import identify_language, model_path, strip_noise
 from tests.detect.conftest import stream
-from tests.detect.texts import ENGLISH, ITALIAN, PYTHON_CODE
+from tests.detect.texts import CHINESE, ENGLISH, ITALIAN, PYTHON_CODE
 
 LANGUAGE_ONLY = DetectorConfig(
     repetition=False,
@@ -84,3 +84,13 @@ def test_drift_after_a_long_healthy_stretch_fires() -> None:
     assert summary.verdict is not None and summary.verdict.signal == "language-drift"
     assert summary.verdict.fired_at_char - len(italian) <= 4000
     assert summary.verdict.onset_char >= len(italian) - 200
+
+
+def test_chinese_drifting_into_english_fires() -> None:
+    """Segments without a Latin letter are taken as native in a Chinese stream; the English
+    that follows is still identified and caught."""
+    chinese = CHINESE * 8
+    summary = stream(chinese + ENGLISH * 2, LANGUAGE_ONLY, expected_language="zh")
+    assert summary.verdict is not None and summary.verdict.signal == "language-drift"
+    assert summary.verdict.onset_char >= len(chinese) - 200
+    assert stream(chinese * 2, LANGUAGE_ONLY, expected_language="zh").verdict is None
