@@ -619,6 +619,22 @@ class _GuardedCall:
         )
 
 
+_WARM_UP_TEXT = (
+    "The proxy reads a few sentences at start-up so that every lazily loaded part of the "
+    "detector is ready before the first request arrives. Nothing here is sent anywhere. "
+) * 4
+
+
+def _warm_up(config: DetectorConfig) -> None:
+    from proxy.language import identify_language
+
+    identify_language(_WARM_UP_TEXT)
+    detector = Detector(config, expected_language="en")
+    for word in _WARM_UP_TEXT.split(" "):
+        detector.feed(word + " ")
+    detector.finish()
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -632,6 +648,10 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.mode != "off":
+            # Lazy parts of the detector (the language model: ~0.4 s) load now, not inside the
+            # first request, where they would stall every stream of this worker.
+            await asyncio.to_thread(_warm_up, proxy.detector_config)
         watcher: asyncio.Task[None] | None = None
         if settings.upstream_metrics_interval > 0:
             from proxy.vllm_config import watch_upstream_config

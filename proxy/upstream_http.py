@@ -81,6 +81,10 @@ class _Connection(asyncio.Protocol):
         self.failure: UpstreamFailure | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.paused = False
+        #: Read-timeout bookkeeping: one timer per connection, re-armed lazily when it fires
+        #: early (creating and cancelling a timer per read costs more than the read).
+        self.deadline = 0.0
+        self.timer: asyncio.TimerHandle | None = None
 
     # -- protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -156,6 +160,7 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
 
     def abort(self) -> None:
+        self.stop_timer()
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
@@ -174,17 +179,28 @@ class _Connection(asyncio.Protocol):
     async def wait(self, limit: float) -> None:
         """Until the parser makes progress, the connection fails, or ``limit`` seconds pass."""
         waiter = self.waiter = self.loop.create_future()
-        timer = self.loop.call_later(limit, _expire, waiter)
+        self.deadline = self.loop.time() + limit
+        if self.timer is None:
+            self.timer = self.loop.call_at(self.deadline, self._expire)
         try:
             await waiter
         finally:
-            timer.cancel()
             self.waiter = None
 
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
+    def _expire(self) -> None:
+        self.timer = None
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return
+        if self.loop.time() < self.deadline:
+            self.timer = self.loop.call_at(self.deadline, self._expire)
+            return
         waiter.set_exception(_timeout())
+
+    def stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
 
 class Response:
@@ -280,6 +296,7 @@ class UpstreamClient:
         return conn
 
     def _release(self, conn: _Connection) -> None:
+        conn.stop_timer()
         if conn.keep_alive and not conn.closed and len(self._idle) < self.max_idle:
             conn.reset()
             self._idle.append(conn)
