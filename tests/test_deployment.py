@@ -9,6 +9,7 @@ empty panel.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -203,6 +204,19 @@ def test_promtool_check_config_and_rules() -> None:
         [promtool, "check", "rules", str(ALERTS_YML)], capture_output=True, text=True, timeout=60
     )
     assert f"SUCCESS: {len(alert_rules())} rules found" in out.stdout
+
+
+def test_alert_thresholds_with_promtool_test_rules() -> None:
+    """prometheus/alerts_test.yml: each alert fires on synthetic series above its threshold
+    after its ``for:``, not before, not below (promtool's rule unit tests)."""
+    promtool = require("promtool", PROMETHEUS_INSTALL)
+    tests = PROMETHEUS_YML.parent / "alerts_test.yml"
+    out = subprocess.run(
+        [promtool, "test", "rules", str(tests)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    tested = set(re.findall(r"alertname: (\w+)", tests.read_text()))
+    assert tested == {r["alert"] for r in alert_rules()}
 
 
 def test_promtool_rejects_a_broken_rule(tmp_path: Path) -> None:
