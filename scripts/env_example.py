@@ -87,6 +87,12 @@ COMPOSE_VARS: list[tuple[str, str, str]] = [
     ("HF_TOKEN", "", "Hugging Face token for gated models."),
     ("HF_CACHE_DIR", "~/.cache/huggingface", "Host directory for downloaded weights."),
     ("GUARD_PUBLISH_PORT", "8080", "Host port of the proxy."),
+    (
+        "PROXY_UPSTREAM_URL",
+        "http://vllm:8000",
+        "Engine the stack's proxy fronts (GUARD_UPSTREAM_URL, GUARD_HOST and GUARD_PORT above "
+        "are set by docker-compose.yml inside the stack).",
+    ),
     ("PROMETHEUS_PUBLISH_PORT", "9090", "Host port of Prometheus."),
     ("PROMETHEUS_RETENTION", "15d", "How long Prometheus keeps data."),
     ("GRAFANA_PUBLISH_PORT", "3000", "Host port of Grafana."),
