@@ -127,6 +127,7 @@ class Detector:
         self._ngram_streak = 0
         self._ngram_onset = 0
         self._json_like: bool | None = None
+        self._relax_value: float | None = None
         self._countdown = False
         self._script_base: Counter[str] = Counter(
             dict.fromkeys(scripts_of_language(self.expected_language), cfg.script_establish_letters)
@@ -205,6 +206,11 @@ class Detector:
         self._pending.clear()
         self._pending_chars = 0
         self._fences += (self._raw[-2:] + new).count("```")
+        if self._json_like is None:
+            head = (self._raw + new).lstrip()[:1]
+            if head:
+                # Output that opens with a bracket is JSON even when the request did not say so.
+                self._json_like = head in ("{", "[")
         self._raw += new
         if len(self._raw) > 2 * self._keep:
             cut = len(self._raw) - self._keep
@@ -238,11 +244,6 @@ class Detector:
 
     def _structured_context(self) -> bool:
         """Inside fenced code, a Markdown table or JSON output repetition is expected."""
-        if self._json_like is None:
-            head = self._raw.lstrip()[:1]
-            if head:
-                # Output that opens with a bracket is JSON even when the request did not say so.
-                self._json_like = head in ("{", "[")
         if self.structured or self._json_like or self._fences % 2 == 1:
             return True
         tail = self._raw[-300:]
@@ -252,10 +253,10 @@ class Detector:
     def _check(self, *, final: bool) -> Verdict | None:
         new = self._append(final)
         cfg = self.config
-        relax = cfg.structured_relax if self._structured_context() else 1.0
+        self._relax_value = None
         verdict = None
         if cfg.repetition:
-            verdict = self._check_repetition(relax)
+            verdict = self._check_repetition()
         # A countdown explains its own repetition (and ends by itself): the softer repetition
         # signals stay quiet while one is running.
         if (
@@ -263,7 +264,7 @@ class Detector:
             and not self._countdown
             and (cfg.ngram or cfg.diversity or cfg.compression)
         ):
-            verdict = self._check_diversity(new, relax, final)
+            verdict = self._check_diversity(new, final)
         if verdict is None and cfg.script:
             verdict = self._check_script(new)
         if verdict is None and cfg.language_drift:
@@ -272,14 +273,23 @@ class Detector:
             verdict = self._check_entropy()
         return verdict
 
-    def _check_repetition(self, relax: float) -> Verdict | None:
+    def _relax(self) -> float:
+        """``structured_relax`` inside code, tables and JSON, else 1; computed once per check and
+        only when a threshold is crossed (it is never needed on ordinary text)."""
+        if self._relax_value is None:
+            structured = self._structured_context()
+            self._relax_value = self.config.structured_relax if structured else 1.0
+        return self._relax_value
+
+    def _check_repetition(self) -> Verdict | None:
         cfg = self.config
         window = self._raw[-cfg.window_chars :]
         exact = periodic_tail(window)
         if exact is not None:
             self._note_repetition(exact)
-            if self._is_loop(
-                exact, window, cfg.repetition_min_repeats * relax, cfg.repetition_min_span_chars
+            need, span = cfg.repetition_min_repeats, cfg.repetition_min_span_chars
+            if self._is_loop(exact, window, need, span) and self._is_loop(
+                exact, window, need * self._relax(), span
             ):
                 return self._fire(
                     self._loop_kind(exact, window), exact.repeats, self._chars - exact.span
@@ -288,8 +298,9 @@ class Detector:
         counter = periodic_tail(norm)
         if counter is not None:
             self._note_repetition(counter)
-            if self._is_loop(
-                counter, norm, cfg.counter_min_repeats * relax, cfg.counter_min_span_chars
+            need, span = cfg.counter_min_repeats, cfg.counter_min_span_chars
+            if self._is_loop(counter, norm, need, span) and self._is_loop(
+                counter, norm, need * self._relax(), span
             ):
                 onset = self._norm_to_raw(self._norm_total - counter.span)
                 slots = norm[len(norm) - counter.period :].count("0")
@@ -328,7 +339,7 @@ class Detector:
             if self._repetition_max is None or score > self._repetition_max:
                 self._repetition_max = score
 
-    def _check_diversity(self, new: str, relax: float, final: bool) -> Verdict | None:
+    def _check_diversity(self, new: str, final: bool) -> Verdict | None:
         cfg = self.config
         self._words.extend(words_of(new))
         self._checks += 1
@@ -336,7 +347,8 @@ class Detector:
             return None  # every other check is enough for signals that need a sustained span
         if cfg.compression and self._checks % 8 == 0:
             ratio_c = compression_ratio(self._raw[-cfg.compression_window_chars :])
-            if ratio_c >= cfg.compression_max_ratio * relax:
+            limit = cfg.compression_max_ratio
+            if ratio_c >= limit and ratio_c >= limit * self._relax():
                 onset = self._chars - cfg.compression_window_chars
                 return self._fire("compression", ratio_c, onset)
         words = list(self._words)
@@ -346,14 +358,16 @@ class Detector:
         if self._diversity_min is None or ratio < self._diversity_min:
             self._diversity_min = ratio
         recent_chars = sum(map(len, words)) + len(words)
-        if cfg.diversity and ratio < cfg.diversity_min_ratio / relax:
+        floor = cfg.diversity_min_ratio
+        if cfg.diversity and ratio < floor and ratio < floor / self._relax():
             return self._fire("low-diversity", 1.0 - ratio, self._chars - recent_chars)
         # The n-gram rate is only worth computing when the words are already repetitive.
         if cfg.ngram and ratio < 0.5:
             rate = repeated_ngram_rate(words)
             if rate >= cfg.ngram_max_repeat_rate:
                 ratio_c = compression_ratio(" ".join(words))
-                if ratio_c >= cfg.ngram_min_compression * relax:
+                limit = cfg.ngram_min_compression
+                if ratio_c >= limit and ratio_c >= limit * self._relax():
                     if self._ngram_streak == 0:
                         self._ngram_onset = self._chars - recent_chars
                     self._ngram_streak += 1
