@@ -103,7 +103,9 @@ class Detector:
         structured: bool = False,
     ) -> None:
         self.config = config or DetectorConfig()
-        self.expected_language = expected_language.lower() if expected_language else None
+        # "pt-BR", "zh_Hans" -> "pt", "zh": fastText answers with the bare ISO 639-1 code.
+        code = (expected_language or "").replace("_", "-").split("-")[0].strip().lower()
+        self.expected_language = code or None
         self.structured = structured
         cfg = self.config
         self._step = max(16, cfg.check_every_chars)
@@ -253,6 +255,10 @@ class Detector:
     def _check(self, *, final: bool) -> Verdict | None:
         new = self._append(final)
         cfg = self.config
+        if len(new) > self._keep:
+            # One giant delta (a whole answer at once): the signals only ever look at a window,
+            # so the rest of it would cost time without changing a decision.
+            new = new[-self._keep :]
         self._relax_value = None
         verdict = None
         if cfg.repetition:
@@ -450,7 +456,7 @@ class Detector:
         self._lang_buf_chars += len(new)
         if self._lang_buf_chars < cfg.language_segment_chars and not final:
             return None
-        segment = "".join(self._lang_buf)
+        segment = "".join(self._lang_buf)[-4 * cfg.language_segment_chars :]
         self._lang_segments += 1
         if (
             not final

@@ -123,3 +123,16 @@ def test_no_knob_shares_a_variable_with_the_proxy_settings() -> None:
 
     knobs = {field.name for field in dataclasses.fields(DetectorConfig)}
     assert knobs.isdisjoint(Settings.model_fields)
+
+
+def test_one_giant_delta_is_judged_on_its_window() -> None:
+    """A whole answer fed at once is evaluated once, on the window: a loop is still found and
+    its onset still points into the loop."""
+    text = ENGLISH + "the same sentence again. " * 40_000
+    detector = Detector()
+    verdict = detector.feed(text)
+    assert verdict is not None and verdict.signal == "repetition"
+    assert verdict.fired_at_char == len(text)
+    assert len(ENGLISH) <= verdict.onset_char < len(text)
+    healthy = Detector()
+    assert healthy.feed(ENGLISH * 3 + " ".join(varied_words(200_000, seed=2))) is None

@@ -94,3 +94,12 @@ def test_chinese_drifting_into_english_fires() -> None:
     assert summary.verdict is not None and summary.verdict.signal == "language-drift"
     assert summary.verdict.onset_char >= len(chinese) - 200
     assert stream(chinese * 2, LANGUAGE_ONLY, expected_language="zh").verdict is None
+
+
+def test_expected_language_with_a_region_is_reduced_to_its_code() -> None:
+    from proxy.detect import Detector
+
+    assert Detector(expected_language="pt-BR").expected_language == "pt"
+    assert Detector(expected_language="zh_Hans").expected_language == "zh"
+    assert Detector(expected_language="").expected_language is None
+    assert stream(ITALIAN * 3, LANGUAGE_ONLY, expected_language="IT").verdict is None
