@@ -30,6 +30,7 @@ from proxy.detect.repetition import (
     repeated_ngram_rate,
 )
 from proxy.detect.script import (
+    foreign_pattern,
     intruding_share,
     native_scripts,
     script_counts,
@@ -144,6 +145,7 @@ class Detector:
         self._script_onset = 0
         self._words: deque[str] = deque(maxlen=max(20, cfg.ngram_window_words))
         self._checks = 0
+        self._diversity_next = 0
         self._lang_buf: list[str] = []
         self._lang_buf_chars = 0
         self._lang_segments = 0
@@ -357,10 +359,16 @@ class Detector:
             if ratio_c >= limit and ratio_c >= limit * self._relax():
                 onset = self._chars - cfg.compression_window_chars
                 return self._fire("compression", ratio_c, onset)
+        if self._checks < self._diversity_next and not final:
+            return None
         words = list(self._words)
         ratio = distinct_ratio(words)
         if ratio is None or len(words) < min(cfg.diversity_min_words, self._words.maxlen or 0):
             return None
+        if ratio > 0.75:
+            # One check brings about 20 new words: a window this varied cannot fall under the
+            # thresholds (ratio 0.5) within four checks, so the next evaluations can wait.
+            self._diversity_next = self._checks + 4
         if self._diversity_min is None or ratio < self._diversity_min:
             self._diversity_min = ratio
         recent_chars = sum(map(len, words)) + len(words)
@@ -386,8 +394,12 @@ class Detector:
     def _check_script(self, new: str) -> Verdict | None:
         cfg = self.config
         established = self._script_base_total >= cfg.script_establish_letters
-        if established and not self._script_foreign and new.isascii():
-            return None  # ASCII is Latin and Latin is never foreign (the common case)
+        if (
+            established
+            and not self._script_foreign
+            and (new.isascii() or not foreign_pattern(self._script_native).search(new))
+        ):
+            return None  # only native letters (Latin is always native): the common case
         counts = script_counts(new)
         if self._script_base_total < cfg.script_establish_letters:
             self._extend_script_base(counts)

@@ -8,6 +8,7 @@ share of the recent window: Chinese characters inside an Italian answer, Hangul 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 
@@ -58,6 +59,14 @@ _FAMILIES: dict[str, frozenset[str]] = {
     "Katakana": frozenset({"Han", "Hiragana", "Katakana"}),
     "Hangul": frozenset({"Hangul", "Han"}),
 }
+
+
+@functools.cache
+def foreign_pattern(native: frozenset[str]) -> re.Pattern[str]:
+    """A pattern matching any letter of a script outside ``native`` (cached per mix), so a
+    chunk with no foreign letter is recognised by one search instead of a count."""
+    classes = "".join(cls for name, cls in _SCRIPTS.items() if name not in native)
+    return re.compile(f"[{classes}]") if classes else re.compile(r"(?!x)x")
 
 
 def native_scripts(established: Counter[str]) -> frozenset[str]:
