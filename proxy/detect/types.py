@@ -31,7 +31,7 @@ class DetectorConfig:
     # Copies of the unit an exact loop needs.
     repetition_min_repeats: float = 4.0
     # Characters an exact loop must cover (half of it at least; span x copies >= 4x this).
-    repetition_min_span_chars: int = 240
+    repetition_min_span_chars: int = 180
     # Copies a counter loop (periodic once digit runs are normalised) needs.
     counter_min_repeats: float = 6.0
     # Characters a counter loop must cover (same rule as repetition_min_span_chars).
