@@ -154,6 +154,7 @@ class Detector:
         self._lang_seg_fenced = False
         self._lang_established: str | None = None
         self._lang_total = 0.0
+        self._lang_seen = 0
         self._lang_off = 0.0
         self._lang_streak = 0
         self._lang_onset = 0
@@ -516,6 +517,7 @@ class Detector:
         # Every identified segment counts towards the total; only confident foreign ones count
         # as drift, so unsure segments weigh on the side of the expected language. Old text
         # fades (half-life), so a long healthy start cannot hide a drift for ever.
+        self._lang_seen += len(clean)
         fade = 0.5 ** (len(clean) / max(1, cfg.language_half_life_chars))
         self._lang_total = self._lang_total * fade + len(clean)
         self._lang_off *= fade
@@ -534,6 +536,7 @@ class Detector:
         if (
             self._lang_streak >= cfg.language_sustain_segments
             and self._lang_off >= cfg.language_min_share * self._lang_total
+            and self._lang_seen >= cfg.language_min_identified_chars
         ):
             return self._fire("language-drift", confidence, self._lang_onset)
         return None

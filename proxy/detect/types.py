@@ -82,6 +82,8 @@ class DetectorConfig:
     language_min_share: float = 0.5
     # Consecutive off-language segments needed to fire.
     language_sustain_segments: int = 1
+    # Cleaned characters identified in all before drift can fire (one segment is too little).
+    language_min_identified_chars: int = 200
     # Half-life (identified characters) with which the share forgets old text.
     language_half_life_chars: int = 2048
     # Characters at the start of a stream in which every segment is identified.
