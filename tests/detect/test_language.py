@@ -103,3 +103,9 @@ def test_expected_language_with_a_region_is_reduced_to_its_code() -> None:
     assert Detector(expected_language="zh_Hans").expected_language == "zh"
     assert Detector(expected_language="").expected_language is None
     assert stream(ITALIAN * 3, LANGUAGE_ONLY, expected_language="IT").verdict is None
+
+
+def test_one_short_foreign_segment_is_not_enough() -> None:
+    """Under 200 identified characters there is too little text to call drift."""
+    assert stream(ENGLISH[:160], LANGUAGE_ONLY, expected_language="it").verdict is None
+    assert stream(ENGLISH[:400], LANGUAGE_ONLY, expected_language="it").verdict is not None
