@@ -17,72 +17,21 @@ from __future__ import annotations
 
 import bisect
 import math
-import re
-from collections import Counter, deque
+from collections import deque
 from typing import Any
 
 from proxy.detect.diversity import compression_ratio, distinct_ratio, words_of
+from proxy.detect.drift import LanguageDrift
 from proxy.detect.entropy import EntropyWindow, token_entropy
 from proxy.detect.repetition import (
     PeriodicTail,
+    counts_down,
     normalise_numbers,
     periodic_tail,
     repeated_ngram_rate,
 )
-from proxy.detect.script import (
-    foreign_pattern,
-    intruding_share,
-    native_scripts,
-    script_counts,
-    scripts_of_language,
-)
+from proxy.detect.script import ScriptIntrusion
 from proxy.detect.types import DetectorConfig, Summary, Verdict
-
-# Languages close enough that fastText confuses them on short windows; a switch inside a group
-# is not drift.
-_CLOSE_LANGUAGES: tuple[frozenset[str], ...] = (
-    frozenset({"es", "gl", "ca", "pt", "it", "an", "ast"}),
-    frozenset({"no", "nb", "nn", "da", "sv"}),
-    frozenset({"id", "ms", "jv", "su"}),
-    frozenset({"hr", "sr", "bs", "sl", "sh"}),
-    frozenset({"ru", "uk", "be", "bg", "mk"}),
-    frozenset({"cs", "sk"}),
-    frozenset({"zh", "wuu", "yue", "ja"}),
-    frozenset({"hi", "mr", "ne", "sa"}),
-    frozenset({"ar", "fa", "ur", "arz"}),
-)
-_GROUP = {code: group for group in _CLOSE_LANGUAGES for code in group}
-
-
-_LATIN_LETTER = re.compile(r"[A-Za-z]")
-_CODE_SYMBOLS = re.compile(r"[{}();=$<>\[\]]")
-
-
-def _code_like(text: str) -> bool:
-    """Prose rarely has more than one brace, bracket, semicolon or sigil in 33 characters."""
-    return len(_CODE_SYMBOLS.findall(text)) > 0.03 * len(text)
-
-
-_NUMBER = re.compile(r"\d+")
-
-
-def _counts_down(region: str, slots: int) -> bool:
-    """Whether the numbers of a counter loop only ever decrease from one copy to the next.
-
-    A countdown (99 Bottles, Ten Green Bottles with digits, a timer) ends by construction when
-    it reaches zero; a runaway generation enumerates forward (Paragraph 17, 18, 19 …) with no
-    end in sight. ``slots`` is how many numbers one copy of the unit holds, so the number ``i``
-    and the number ``i + slots`` fill the same place in consecutive copies.
-    """
-    if slots <= 0:
-        return False
-    numbers = [int(n[-9:]) for n in _NUMBER.findall(region)]
-    steps = [b - a for a, b in zip(numbers, numbers[slots:], strict=False)]
-    return bool(steps) and all(d <= 0 for d in steps) and any(d < 0 for d in steps)
-
-
-def _same_language(a: str, b: str) -> bool:
-    return a == b or b in _GROUP.get(a, ())
 
 
 class Detector:
@@ -132,32 +81,11 @@ class Detector:
         self._json_like: bool | None = None
         self._relax_value: float | None = None
         self._countdown = False
-        self._script_base: Counter[str] = Counter(
-            dict.fromkeys(scripts_of_language(self.expected_language), cfg.script_establish_letters)
-        )
-        self._script_base_total = sum(self._script_base.values())
-        self._script_native = native_scripts(self._script_base)
-        self._script_recent: deque[tuple[int, Counter[str]]] = deque()
-        self._script_sum: Counter[str] = Counter()
-        self._script_span = 0
-        self._script_foreign = 0
-        self._script_streak = 0
-        self._script_onset = 0
+        self._script = ScriptIntrusion(cfg, self.expected_language)
         self._words: deque[str] = deque(maxlen=max(20, cfg.ngram_window_words))
         self._checks = 0
         self._diversity_next = 0
-        self._lang_buf: list[str] = []
-        self._lang_buf_chars = 0
-        self._lang_segments = 0
-        self._lang_non_latin = scripts_of_language(self.expected_language) not in ((), ("Latin",))
-        self._lang_seg_start = 0
-        self._lang_seg_fenced = False
-        self._lang_established: str | None = None
-        self._lang_total = 0.0
-        self._lang_seen = 0
-        self._lang_off = 0.0
-        self._lang_streak = 0
-        self._lang_onset = 0
+        self._drift = LanguageDrift(cfg, self.expected_language)
         self._entropy = EntropyWindow(cfg.entropy_window_tokens)
         self._entropy_min: float | None = None
         self._repetition_max: float | None = None
@@ -313,7 +241,7 @@ class Detector:
             ):
                 onset = self._norm_to_raw(self._norm_total - counter.span)
                 slots = norm[len(norm) - counter.period :].count("0")
-                self._countdown = _counts_down(self._raw[max(0, onset - self._raw_base) :], slots)
+                self._countdown = counts_down(self._raw[max(0, onset - self._raw_base) :], slots)
                 if not self._countdown:
                     return self._fire(self._loop_kind(counter, norm), counter.repeats, onset)
                 return None
@@ -393,153 +321,12 @@ class Detector:
         return None
 
     def _check_script(self, new: str) -> Verdict | None:
-        cfg = self.config
-        established = self._script_base_total >= cfg.script_establish_letters
-        if (
-            established
-            and not self._script_foreign
-            and (new.isascii() or not foreign_pattern(self._script_native).search(new))
-        ):
-            return None  # only native letters (Latin is always native): the common case
-        counts = script_counts(new)
-        if self._script_base_total < cfg.script_establish_letters:
-            self._extend_script_base(counts)
-            return None
-        foreign_letters = self._foreign_letters(counts)
-        if not foreign_letters and not self._script_foreign:
-            # Latin is never foreign, so an all-Latin window cannot intrude (the common case):
-            # skip the bookkeeping and let the letters extend the established mix.
-            self._extend_script_base(counts)
-            return None
-        recent = self._script_sum
-        self._script_recent.append((len(new), counts))
-        self._script_foreign += foreign_letters
-        recent.update(counts)
-        span = self._script_span + len(new)
-        while span - self._script_recent[0][0] >= cfg.script_window_chars:
-            n, old = self._script_recent.popleft()
-            span -= n
-            recent.subtract(old)
-            self._script_foreign -= self._foreign_letters(old)
-        self._script_span = span
-        if not self._script_foreign:
-            self._script_recent.clear()
-            self._script_sum = Counter()
-            self._script_span = 0
-            self._script_streak = 0
-            return None
-        intrusion = intruding_share(self._script_base, +recent)
-        if (
-            intrusion is not None
-            and intrusion[1] >= cfg.script_max_share
-            and intrusion[2] >= cfg.script_min_letters
-        ):
-            if self._script_streak == 0:
-                self._script_onset = self._chars - span
-            self._script_streak += 1
-            if self._script_streak >= cfg.script_sustain_checks:
-                return self._fire("script-intrusion", intrusion[1], self._script_onset)
-            return None
-        self._script_streak = 0
-        # Letters that did not intrude extend the established mix (it follows the stream slowly).
-        if intrusion is None or intrusion[1] < 0.05:
-            self._extend_script_base(counts)
-        return None
-
-    def _extend_script_base(self, counts: Counter[str]) -> None:
-        self._script_base.update(counts)
-        self._script_base_total += sum(counts.values())
-        self._script_native = native_scripts(self._script_base)
-
-    def _foreign_letters(self, counts: Counter[str]) -> int:
-        """Letters of scripts outside the established mix (the only ones that can intrude)."""
-        native = self._script_native
-        return sum(n for script, n in counts.items() if script not in native)
+        found = self._script.update(new, end=self._chars)
+        return None if found is None else self._fire("script-intrusion", *found)
 
     def _check_language(self, new: str, final: bool) -> Verdict | None:
-        """Identify consecutive segments; fire when off-language text holds on and has grown to
-        a real share of the stream (a quoted English paragraph in a long page does not)."""
-        from proxy.language import classify, strip_noise
-
-        cfg = self.config
-        if not self._lang_buf:
-            self._lang_seg_start = self._chars - len(new)
-            self._lang_seg_fenced = (self._fences - new.count("```")) % 2 == 1
-        self._lang_buf.append(new)
-        self._lang_buf_chars += len(new)
-        if self._lang_buf_chars < cfg.language_segment_chars and not final:
-            return None
-        segment = "".join(self._lang_buf)[-4 * cfg.language_segment_chars :]
-        self._lang_segments += 1
-        if (
-            not final
-            and self._chars > cfg.language_dense_chars
-            and self._lang_segments % max(1, cfg.language_sample_every)
-        ):
-            self._lang_buf.clear()
-            self._lang_buf_chars = 0
-            return None
-        reference = self.expected_language or self._lang_established
-        if self._lang_non_latin and reference and not _LATIN_LETTER.search(segment):
-            # A stream in a non-Latin script drifts into Latin-script languages (English above
-            # all); drift between languages of one non-Latin script stays within the close
-            # groups above. So a segment without a Latin letter is native: no need to ask.
-            self._lang_buf.clear()
-            self._lang_buf_chars = 0
-            fade = 0.5 ** (len(segment) / max(1, cfg.language_half_life_chars))
-            self._lang_total = self._lang_total * fade + len(segment)
-            self._lang_off *= fade
-            self._lang_streak = 0
-            return None
-        clean = (
-            ""  # source code: identifiers and keywords are not a language the answer drifts to
-            if _code_like(segment)
-            else strip_noise("```" + segment if self._lang_seg_fenced else segment)
-        )
-        short = len(clean) < cfg.language_min_chars
-        if short and not final and self._lang_buf_chars < 4 * cfg.language_segment_chars:
-            return None  # mostly code or markup so far: keep collecting
-        self._lang_buf.clear()
-        self._lang_buf_chars = 0
-        # The last words of a stream are all there will be: half the usual length must do.
-        if len(clean) < (cfg.language_min_chars // 2 if final else cfg.language_min_chars):
-            return None
-        found = classify(clean)
-        if found is None:
-            return None
-        code, confidence = found
-        if reference is None:
-            if confidence >= cfg.language_min_confidence:
-                self._lang_established = code
-                self._lang_non_latin = scripts_of_language(code) != ("Latin",)
-                self._lang_total += len(clean)
-            return None
-        # Every identified segment counts towards the total; only confident foreign ones count
-        # as drift, so unsure segments weigh on the side of the expected language. Old text
-        # fades (half-life), so a long healthy start cannot hide a drift for ever.
-        self._lang_seen += len(clean)
-        fade = 0.5 ** (len(clean) / max(1, cfg.language_half_life_chars))
-        self._lang_total = self._lang_total * fade + len(clean)
-        self._lang_off *= fade
-        if _same_language(reference, code):
-            self._lang_streak = 0
-            return None
-        # Foreign text counts in proportion to the confidence (a mixed segment at a switch
-        # point counts in part), but only a confident segment can fire.
-        self._lang_off += len(clean) * confidence
-        if confidence < cfg.language_min_confidence:
-            self._lang_streak = 0
-            return None
-        if self._lang_streak == 0:
-            self._lang_onset = self._lang_seg_start
-        self._lang_streak += 1
-        if (
-            self._lang_streak >= cfg.language_sustain_segments
-            and self._lang_off >= cfg.language_min_share * self._lang_total
-            and self._lang_seen >= cfg.language_min_identified_chars
-        ):
-            return self._fire("language-drift", confidence, self._lang_onset)
-        return None
+        found = self._drift.update(new, end=self._chars, fences=self._fences, final=final)
+        return None if found is None else self._fire("language-drift", *found)
 
     def _check_entropy(self) -> Verdict | None:
         cfg = self.config

@@ -106,3 +106,21 @@ def repeated_ngram_rate(words: list[str], n: int = 4) -> float:
         return 0.0
     grams = Counter(zip(*(words[i:] for i in range(n)), strict=False))
     return (total - len(grams)) / total
+
+
+_NUMBER = re.compile(r"\d+")
+
+
+def counts_down(region: str, slots: int) -> bool:
+    """Whether the numbers of a counter loop only ever decrease from one copy to the next.
+
+    A countdown (99 Bottles, Ten Green Bottles with digits, a timer) ends by construction when
+    it reaches zero; a runaway generation enumerates forward (Paragraph 17, 18, 19 …) with no
+    end in sight. ``slots`` is how many numbers one copy of the unit holds, so the number ``i``
+    and the number ``i + slots`` fill the same place in consecutive copies.
+    """
+    if slots <= 0:
+        return False
+    numbers = [int(n[-9:]) for n in _NUMBER.findall(region)]
+    steps = [b - a for a, b in zip(numbers, numbers[slots:], strict=False)]
+    return bool(steps) and all(d <= 0 for d in steps) and any(d < 0 for d in steps)

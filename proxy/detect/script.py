@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import re
-from collections import Counter
+from collections import Counter, deque
+
+from proxy.detect.types import DetectorConfig
 
 # Scripts that matter for LLM output, as regex classes. Han, Hiragana and Katakana are kept apart
 # so the established mix can tell Japanese from Chinese.
@@ -129,3 +131,87 @@ def scripts_of_language(code: str | None) -> tuple[str, ...]:
     if not code:
         return ()
     return _LANGUAGE_SCRIPTS.get(code, ("Latin",))
+
+
+class ScriptIntrusion:
+    """Script-intrusion state of one stream: the established mix and the recent window."""
+
+    def __init__(self, config: DetectorConfig, expected_language: str | None) -> None:
+        self.config = config
+        self._base: Counter[str] = Counter(
+            dict.fromkeys(scripts_of_language(expected_language), config.script_establish_letters)
+        )
+        self._base_total = sum(self._base.values())
+        self._native = native_scripts(self._base)
+        self._recent: deque[tuple[int, Counter[str]]] = deque()
+        self._sum: Counter[str] = Counter()
+        self._span = 0
+        self._foreign = 0
+        self._streak = 0
+        self._onset = 0
+
+    def update(self, new: str, *, end: int) -> tuple[float, int] | None:
+        """Take the text of one check (``end``: stream length after it). Return (share,
+        onset) when foreign scripts have held the window long enough."""
+        cfg = self.config
+        established = self._base_total >= cfg.script_establish_letters
+        if (
+            established
+            and not self._foreign
+            and (new.isascii() or not foreign_pattern(self._native).search(new))
+        ):
+            return None  # only native letters (Latin is always native): the common case
+        counts = script_counts(new)
+        if self._base_total < cfg.script_establish_letters:
+            self._extend_base(counts)
+            return None
+        foreign_letters = self._foreign_letters(counts)
+        if not foreign_letters and not self._foreign:
+            # Latin is never foreign, so an all-Latin window cannot intrude (the common case):
+            # skip the bookkeeping and let the letters extend the established mix.
+            self._extend_base(counts)
+            return None
+        recent = self._sum
+        self._recent.append((len(new), counts))
+        self._foreign += foreign_letters
+        recent.update(counts)
+        span = self._span + len(new)
+        while span - self._recent[0][0] >= cfg.script_window_chars:
+            n, old = self._recent.popleft()
+            span -= n
+            recent.subtract(old)
+            self._foreign -= self._foreign_letters(old)
+        self._span = span
+        if not self._foreign:
+            self._recent.clear()
+            self._sum = Counter()
+            self._span = 0
+            self._streak = 0
+            return None
+        intrusion = intruding_share(self._base, +recent)
+        if (
+            intrusion is not None
+            and intrusion[1] >= cfg.script_max_share
+            and intrusion[2] >= cfg.script_min_letters
+        ):
+            if self._streak == 0:
+                self._onset = end - span
+            self._streak += 1
+            if self._streak >= cfg.script_sustain_checks:
+                return (intrusion[1], self._onset)
+            return None
+        self._streak = 0
+        # Letters that did not intrude extend the established mix (it follows the stream slowly).
+        if intrusion is None or intrusion[1] < 0.05:
+            self._extend_base(counts)
+        return None
+
+    def _extend_base(self, counts: Counter[str]) -> None:
+        self._base.update(counts)
+        self._base_total += sum(counts.values())
+        self._native = native_scripts(self._base)
+
+    def _foreign_letters(self, counts: Counter[str]) -> int:
+        """Letters of scripts outside the established mix (the only ones that can intrude)."""
+        native = self._native
+        return sum(n for script, n in counts.items() if script not in native)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from proxy.detect import DetectorConfig
-from proxy.detect.detector import _counts_down
 from proxy.detect.repetition import (
+    counts_down,
     normalise_numbers,
     periodic_span,
     periodic_tail,
@@ -140,10 +140,10 @@ def test_repetition_can_be_switched_off() -> None:
 
 
 def test_counts_down_tells_countdowns_from_runaway_counters() -> None:
-    assert _counts_down("99 x 98 y\n98 x 97 y\n97 x 96 y\n", 2) is True
-    assert _counts_down("Paragraph 17 a\nParagraph 18 a\nParagraph 19 a\n", 1) is False
-    assert _counts_down("7 a 7 a 7 a", 1) is False  # constant numbers: an exact loop
-    assert _counts_down("no numbers", 1) is False
+    assert counts_down("99 x 98 y\n98 x 97 y\n97 x 96 y\n", 2) is True
+    assert counts_down("Paragraph 17 a\nParagraph 18 a\nParagraph 19 a\n", 1) is False
+    assert counts_down("7 a 7 a 7 a", 1) is False  # constant numbers: an exact loop
+    assert counts_down("no numbers", 1) is False
 
 
 @pytest.mark.parametrize(

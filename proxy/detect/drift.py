@@ -1,0 +1,148 @@
+"""Language drift: the stream's language moves away from the expected (or established) one.
+
+Consecutive segments of the text are identified with fastText ``lid.176`` (``proxy.language``)
+after code, URLs, numbers and markup are removed. Drift fires when a segment is confidently in
+another language and foreign text, weighted by confidence, has grown to a share of all the text
+identified so far; old text fades with a half-life, so a long healthy start cannot hide a drift
+for ever, while a quoted English paragraph in a long page never reaches the share.
+"""
+
+from __future__ import annotations
+
+import re
+
+from proxy.detect.script import scripts_of_language
+from proxy.detect.types import DetectorConfig
+
+# Languages close enough that fastText confuses them on short windows; a switch inside a group
+# is not drift.
+_CLOSE_LANGUAGES: tuple[frozenset[str], ...] = (
+    frozenset({"es", "gl", "ca", "pt", "it", "an", "ast"}),
+    frozenset({"no", "nb", "nn", "da", "sv"}),
+    frozenset({"id", "ms", "jv", "su"}),
+    frozenset({"hr", "sr", "bs", "sl", "sh"}),
+    frozenset({"ru", "uk", "be", "bg", "mk"}),
+    frozenset({"cs", "sk"}),
+    frozenset({"zh", "wuu", "yue", "ja"}),
+    frozenset({"hi", "mr", "ne", "sa"}),
+    frozenset({"ar", "fa", "ur", "arz"}),
+)
+_GROUP = {code: group for group in _CLOSE_LANGUAGES for code in group}
+
+
+_LATIN_LETTER = re.compile(r"[A-Za-z]")
+_CODE_SYMBOLS = re.compile(r"[{}();=$<>\[\]]")
+
+
+def _code_like(text: str) -> bool:
+    """Prose rarely has more than one brace, bracket, semicolon or sigil in 33 characters."""
+    return len(_CODE_SYMBOLS.findall(text)) > 0.03 * len(text)
+
+
+def _same_language(a: str, b: str) -> bool:
+    return a == b or b in _GROUP.get(a, ())
+
+
+class LanguageDrift:
+    """Language-drift state of one stream."""
+
+    def __init__(self, config: DetectorConfig, expected_language: str | None) -> None:
+        self.config = config
+        self.expected = expected_language
+        self._buf: list[str] = []
+        self._buf_chars = 0
+        self._segments = 0
+        self._non_latin = scripts_of_language(expected_language) not in ((), ("Latin",))
+        self._seg_start = 0
+        self._seg_fenced = False
+        self._established: str | None = None
+        self._total = 0.0
+        self._seen = 0
+        self._off = 0.0
+        self._streak = 0
+        self._onset = 0
+
+    def update(self, new: str, *, end: int, fences: int, final: bool) -> tuple[float, int] | None:
+        """Take the text of one check (``end``: stream length after it; ``fences``: code fences
+        seen so far). Return (confidence, onset) when drift is established."""
+        from proxy.language import classify, strip_noise
+
+        cfg = self.config
+        if not self._buf:
+            self._seg_start = end - len(new)
+            self._seg_fenced = (fences - new.count("```")) % 2 == 1
+        self._buf.append(new)
+        self._buf_chars += len(new)
+        if self._buf_chars < cfg.language_segment_chars and not final:
+            return None
+        segment = "".join(self._buf)[-4 * cfg.language_segment_chars :]
+        self._segments += 1
+        if (
+            not final
+            and end > cfg.language_dense_chars
+            and self._segments % max(1, cfg.language_sample_every)
+        ):
+            self._buf.clear()
+            self._buf_chars = 0
+            return None
+        reference = self.expected or self._established
+        if self._non_latin and reference and not _LATIN_LETTER.search(segment):
+            # A stream in a non-Latin script drifts into Latin-script languages (English above
+            # all); drift between languages of one non-Latin script stays within the close
+            # groups above. So a segment without a Latin letter is native: no need to ask.
+            self._buf.clear()
+            self._buf_chars = 0
+            fade = 0.5 ** (len(segment) / max(1, cfg.language_half_life_chars))
+            self._total = self._total * fade + len(segment)
+            self._off *= fade
+            self._streak = 0
+            return None
+        clean = (
+            ""  # source code: identifiers and keywords are not a language the answer drifts to
+            if _code_like(segment)
+            else strip_noise("```" + segment if self._seg_fenced else segment)
+        )
+        short = len(clean) < cfg.language_min_chars
+        if short and not final and self._buf_chars < 4 * cfg.language_segment_chars:
+            return None  # mostly code or markup so far: keep collecting
+        self._buf.clear()
+        self._buf_chars = 0
+        # The last words of a stream are all there will be: half the usual length must do.
+        if len(clean) < (cfg.language_min_chars // 2 if final else cfg.language_min_chars):
+            return None
+        found = classify(clean)
+        if found is None:
+            return None
+        code, confidence = found
+        if reference is None:
+            if confidence >= cfg.language_min_confidence:
+                self._established = code
+                self._non_latin = scripts_of_language(code) != ("Latin",)
+                self._total += len(clean)
+            return None
+        # Every identified segment counts towards the total; only confident foreign ones count
+        # as drift, so unsure segments weigh on the side of the expected language. Old text
+        # fades (half-life), so a long healthy start cannot hide a drift for ever.
+        self._seen += len(clean)
+        fade = 0.5 ** (len(clean) / max(1, cfg.language_half_life_chars))
+        self._total = self._total * fade + len(clean)
+        self._off *= fade
+        if _same_language(reference, code):
+            self._streak = 0
+            return None
+        # Foreign text counts in proportion to the confidence (a mixed segment at a switch
+        # point counts in part), but only a confident segment can fire.
+        self._off += len(clean) * confidence
+        if confidence < cfg.language_min_confidence:
+            self._streak = 0
+            return None
+        if self._streak == 0:
+            self._onset = self._seg_start
+        self._streak += 1
+        if (
+            self._streak >= cfg.language_sustain_segments
+            and self._off >= cfg.language_min_share * self._total
+            and self._seen >= cfg.language_min_identified_chars
+        ):
+            return (confidence, self._onset)
+        return None
