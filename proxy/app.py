@@ -614,9 +614,33 @@ class _GuardedCall:
         proxy.metrics.record_generation(
             GenerationRecord(model=model, endpoint=self.endpoint, outcome=outcome, choices=choices)
         )
+        if guard is not None and (guard.aborted or any(c.action for c in guard.choices.values())):
+            self._log_detections(guard, model)
         proxy.metrics.request_finished(
             self.scope["path"], 499 if client_gone else self.status, elapsed
         )
+
+    def _log_detections(self, guard: StreamGuard, model: str) -> None:
+        """One line per detection; the text only with GUARD_LOG_TEXT=true."""
+        log_text = self.proxy.settings.log_text
+        for state in guard.choices.values():
+            v = state.verdict
+            if v is None or state.action is None:
+                continue
+            extra = f" text={state.trigger_text!r}" if log_text else ""
+            log.info(
+                "degenerate generation %s: model=%s endpoint=%s choice=%d signal=%s score=%.3f "
+                "tokens=%d onset_char=%d%s",
+                state.action,
+                model,
+                self.endpoint,
+                state.index,
+                v.signal,
+                v.score,
+                state.tokens,
+                v.onset_char,
+                extra,
+            )
 
 
 _WARM_UP_TEXT = (
@@ -715,4 +739,10 @@ def create_app(
 
 def create_app_from_env() -> GuardApp:
     """Factory for ``uvicorn --factory`` (one app per worker process)."""
-    return create_app()
+    settings = load_settings()
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(settings.log_level.upper())
+    return create_app(settings)

@@ -49,6 +49,8 @@ class ChoiceState:
     logprobs: list[Any] | None = None
     completion_logprobs: dict[str, list[Any]] | None = None
     summary: Summary | None = None
+    #: The delta that made the detector fire (logged only with GUARD_LOG_TEXT=true).
+    trigger_text: str | None = None
 
 
 class StreamGuard:
@@ -178,6 +180,7 @@ class StreamGuard:
                 self._collect_extra(state, choice)
             if verdict is not None and state.verdict is None:
                 state.verdict = verdict
+                state.trigger_text = text
                 if self.mode == "enforce":
                     state.action = "aborted"
                     chunks.mark_aborted(choice, verdict, self.abort_finish_reason, state.tokens)
