@@ -8,7 +8,7 @@ import httpx
 import openai
 
 from proxy.metrics import Metrics
-from tests.fakes.vllm import FakeVLLM
+from tests.fakes.vllm import FakeVLLM, Script
 
 ProxyFactory = Callable[..., str]
 
@@ -75,3 +75,35 @@ def test_metrics_endpoints_render_the_two_registries(
     assert r.text == "infra_metric 1\n" and r.headers["content-type"].startswith("text/plain")
     assert httpx.get(base + "/metrics/quality").text == "quality_metric 1\n"
     assert fake_upstream.requests == []
+
+
+def test_streaming_bodies_are_relayed_as_they_come(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+) -> None:
+    """A streamed pass-through answer (Responses API) reaches the client event by event."""
+    words = " ".join(f"w{i}" for i in range(20))
+    fake_upstream.script = Script(texts=[words], chunk_delay=0.05)
+    base = proxy_server()
+    with httpx.stream("POST", base + "/v1/responses", json={"model": "m", "input": "x"}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        chunks = r.iter_raw()
+        first = next(chunks)
+        rec = fake_upstream.last
+        # The first event arrived while the upstream was still far from done.
+        assert first.startswith(b"event: response.output_text.delta\ndata: ")
+        assert rec.chunks_sent < 20 and not rec.completed
+        rest = b"".join(chunks)
+    assert (first + rest).count(b"event: response.output_text.delta") == 20
+
+
+def test_split_upstream_writes_give_identical_client_bytes(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+) -> None:
+    """TCP writes of 1 to 7 bytes (UTF-8 characters cut anywhere) change nothing."""
+    text = "Café — naïve 日本語 🙂 line\u2028separator; and a healthy sentence to finish."
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    fake_upstream.script = Script(texts=[text])
+    direct = httpx.post(fake_upstream.url + "/v1/chat/completions", json=body).content
+    base = proxy_server()
+    fake_upstream.script = Script(texts=[text], write_sizes=[1, 2, 3, 5, 7])
+    assert httpx.post(base + "/v1/chat/completions", json=body).content == direct

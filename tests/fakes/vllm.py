@@ -224,7 +224,39 @@ class FakeVLLM:
         if path in ("/tokenize", "/v1/embeddings", "/echo"):
             echo = {"path": rec.path, "method": rec.method, "body": rec.json}
             return self._send(writer, 200, orjson.dumps(echo), extra={"x-fake": "yes"})
+        if path == "/v1/responses" and rec.method == "POST":
+            return await self._responses_stream(rec, reader, writer, self._next_script())
         return self._send(writer, 404, b'{"detail":"Not Found"}')
+
+    async def _responses_stream(
+        self,
+        rec: Recorded,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        script: Script,
+    ) -> bool:
+        """A streamed Responses-API answer (named SSE events), for the pass-through path."""
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
+        for word in tokenize(script.texts[0]):
+            if script.chunk_delay:
+                await asyncio.sleep(script.chunk_delay)
+            if writer.transport.is_closing():
+                rec.disconnected = time.monotonic()
+                return False
+            event = orjson.dumps({"type": "response.output_text.delta", "delta": word})
+            self._chunk(writer, b"event: response.output_text.delta\ndata: " + event + b"\n\n")
+            rec.chunks_sent += 1
+            try:
+                await writer.drain()
+            except ConnectionError:
+                rec.disconnected = time.monotonic()
+                return False
+        writer.write(b"0\r\n\r\n")
+        rec.completed = True
+        return True
 
     def _send(
         self,
