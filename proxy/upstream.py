@@ -33,15 +33,23 @@ HOP_BY_HOP = frozenset(
 )
 
 
+def base_url(url: str) -> str:
+    """The engine's root URL. The proxy forwards whole paths (``/v1/...``, ``/health``), so a
+    URL given the OpenAI way, ending in ``/v1``, loses that suffix."""
+    url = url.rstrip("/")
+    return url[:-3] if url.endswith("/v1") else url
+
+
 def make_client(
-    base_url: str,
+    url: str,
     *,
     connect_timeout: float,
     read_timeout: float,
     max_connections: int = 1024,
 ) -> httpx.AsyncClient:
+    base_url_ = base_url(url)
     return httpx.AsyncClient(
-        base_url=base_url.rstrip("/"),
+        base_url=base_url_,
         timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout),
         limits=httpx.Limits(
             max_connections=max_connections, max_keepalive_connections=max_connections

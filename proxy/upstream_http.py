@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from proxy.errors import GuardError, UpstreamError, UpstreamTimeout
+from proxy.upstream import base_url as upstream_base_url
 
 #: Unread body bytes at which the connection stops reading from the engine.
 _HIGH_WATER = 1 << 20
@@ -265,7 +266,7 @@ class UpstreamClient:
     def __init__(
         self, base_url: str, *, connect_timeout: float, read_timeout: float, max_idle: int = 256
     ) -> None:
-        parts = urlsplit(base_url)
+        parts = urlsplit(upstream_base_url(base_url))
         if parts.scheme not in ("http", "https"):
             raise ValueError(f"unsupported upstream scheme: {parts.scheme!r}")
         self.ssl: ssl.SSLContext | None = (

@@ -107,3 +107,16 @@ def test_split_upstream_writes_give_identical_client_bytes(
     base = proxy_server()
     fake_upstream.script = Script(texts=[text], write_sizes=[1, 2, 3, 5, 7])
     assert httpx.post(base + "/v1/chat/completions", json=body).content == direct
+
+
+def test_upstream_url_given_with_v1_suffix(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+) -> None:
+    base = proxy_server(upstream_url=fake_upstream.url + "/v1/")
+    r = httpx.post(
+        base + "/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert r.status_code == 200
+    assert httpx.get(base + "/v1/models").status_code == 200
+    assert [r.path for r in fake_upstream.requests] == ["/v1/chat/completions", "/v1/models"]
