@@ -245,6 +245,7 @@ class Proxy:
 
         opts = body.get("stream_options") if isinstance(body, dict) else None
         call = _GuardedCall(self, scope, send, endpoint, rw, mode, headers, started)
+        call.client_body = body
         call.client_continuous = (
             isinstance(opts, dict) and opts.get("continuous_usage_stats") is True
         )
@@ -392,6 +393,7 @@ class _GuardedCall:
         self.stream_open = False
         self.upstream_failed = False
         self.client_continuous = False
+        self.client_body: Any = None
         self.extra = [(b"x-guard-max-tokens", rw.max_tokens_header.encode())]
 
     async def _open(self) -> UpstreamResponse | None:
@@ -416,8 +418,9 @@ class _GuardedCall:
                         "upstream rejected stream_options; continuing without exact token counts"
                     )
                     proxy.usage_options = False
+                    # Rewriting is pure: run it again on the client's request, without them.
                     self.rw = rewrite_request(
-                        self._client_body(), self.endpoint, proxy.policy, usage_options=False
+                        self.client_body, self.endpoint, proxy.policy, usage_options=False
                     )
                     continue
                 proxy.metrics.upstream_error("status")
@@ -439,22 +442,6 @@ class _GuardedCall:
     def _injected_usage(self) -> bool:
         opts = self.rw.body.get("stream_options")
         return isinstance(opts, dict) and opts.get("continuous_usage_stats") is True
-
-    def _client_body(self) -> Any:
-        # Rewriting is pure and deterministic: re-run it from the client's original request.
-        body = dict(self.rw.body)
-        body["stream"] = self.rw.client_stream
-        opts = body.get("stream_options")
-        if isinstance(opts, dict):
-            ours = ("include_usage", "continuous_usage_stats")
-            cleaned = {k: v for k, v in opts.items() if k not in ours}
-            if self.rw.client_wants_usage and self.rw.client_stream:
-                cleaned["include_usage"] = True
-            if cleaned and self.rw.client_stream:
-                body["stream_options"] = cleaned
-            else:
-                body.pop("stream_options", None)
-        return body
 
     async def _error(self, error: GuardError) -> None:
         self.status = error.status
