@@ -205,7 +205,7 @@ class StreamGuard:
         elif usage is not None and self.strip_chunk_usage:
             out = encode_data(chunks.strip_usage(data, chunk))
         else:
-            out = raw
+            return raw if not self.aborted else self._maybe_finish(raw)
         return self._maybe_finish(out)
 
     def _note_usage(self, usage: dict[str, Any]) -> None:

@@ -67,6 +67,15 @@ class SSEParser:
         self._buf = b""
 
     def feed(self, data: bytes) -> list[Event]:
+        # One whole vLLM event in one read: the usual case when tokens come one by one.
+        if (
+            not self._buf
+            and data[:6] == b"data: "
+            and data.find(b"\n") == len(data) - 2
+            and data[-1:] == b"\n"
+            and b"\r" not in data
+        ):
+            return [Event(data, data[6:-2])]
         buf = self._buf + data if self._buf else data
         if b"\r" not in buf:
             return self._feed_lf(buf)

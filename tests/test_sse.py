@@ -84,3 +84,11 @@ def test_incomplete_event_is_kept_until_complete() -> None:
     assert parser.pending == len(b'data: {"a":')
     [event] = parser.feed(b"1}\n\n")
     assert event.data == b'{"a":1}'
+
+
+def test_single_event_fast_path_still_honours_cr() -> None:
+    """A lone CR inside what looks like one data line ends that line."""
+    [event] = SSEParser().feed(b"data: a\rb\n\n")
+    assert event.data == b"a"
+    [event] = SSEParser().feed(b'data: {"x":1}\n\n')
+    assert event.data == b'{"x":1}' and event.raw == b'data: {"x":1}\n\n'
