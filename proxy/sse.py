@@ -41,7 +41,12 @@ class Event:
 
 def _parse_event(raw: bytes) -> Event:
     # The shape vLLM writes for every event: one data line and a blank line.
-    if raw[:6] == b"data: " and raw.find(b"\n") == len(raw) - 2 and raw[-2:] == b"\n\n":
+    if (
+        raw[:6] == b"data: "
+        and raw.find(b"\n") == len(raw) - 2
+        and raw[-2:] == b"\n\n"
+        and b"\r" not in raw
+    ):
         return Event(raw, raw[6:-2])
     data: list[bytes] = []
     name: str | None = None
