@@ -193,9 +193,14 @@ class Proxy:
         )
         await send({"type": "http.response.body", "body": body})
 
-    async def _watched(self, receive: Receive, work: Callable[[_Watch], Awaitable[None]]) -> _Watch:
+    async def _watched(
+        self,
+        receive: Receive,
+        work: Callable[[_Watch], Awaitable[None]],
+        watch: _Watch | None = None,
+    ) -> _Watch:
         """Run ``work`` cancelled as soon as the client disconnects."""
-        watch = _Watch()
+        watch = watch or _Watch()
         task = watch.task = asyncio.current_task()
 
         async def watcher() -> None:
@@ -249,8 +254,12 @@ class Proxy:
         call.client_continuous = (
             isinstance(opts, dict) and opts.get("continuous_usage_stats") is True
         )
-        watch = await self._watched(receive, call.run)
-        call.finish(client_gone=watch.gone)
+        watch = _Watch()
+        try:
+            await self._watched(receive, call.run, watch)
+        finally:
+            # Also after a bug in the relay: gauges and records stay balanced.
+            call.finish(client_gone=watch.gone)
 
     def _rewrite(self, body: Any, endpoint: Endpoint, mode: Mode) -> Rewrite:
         try:
