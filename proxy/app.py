@@ -517,6 +517,7 @@ class _GuardedCall:
             strip_final_usage=injected and rw.client_stream and not wants,
             client_wants_usage=wants,
             collect=not rw.client_stream,
+            usage_null=self.endpoint == "completions",
         )
 
     async def _stream(self, resp: UpstreamResponse, guard: StreamGuard, watch: _Watch) -> None:

@@ -158,13 +158,16 @@ def usage_chunk(template: dict[str, Any], usage: dict[str, Any]) -> bytes:
     return orjson.dumps(out)
 
 
-def strip_usage(data: bytes, chunk: dict[str, Any]) -> bytes:
-    """``data`` without its ``usage`` field, cutting bytes when it is the last key (vLLM's
-    layout) and re-serialising only otherwise."""
+def strip_usage(data: bytes, chunk: dict[str, Any], *, null: bool = False) -> bytes:
+    """``data`` without its ``usage`` value — the key removed, or set to ``null`` where the
+    engine writes it that way (vLLM's completions chunks) — cutting bytes when ``usage`` is the
+    last key (vLLM's layout) and re-serialising only otherwise."""
     if next(reversed(chunk)) == "usage":
         cut = data.rfind(b',"usage":')
         if cut > 0 and data[-1:] == b"}":
-            return data[:cut] + b"}"
+            return data[:cut] + (b',"usage":null}' if null else b"}")
+    if null:
+        return orjson.dumps({**chunk, "usage": None})
     return orjson.dumps({k: v for k, v in chunk.items() if k != "usage"})
 
 

@@ -71,6 +71,7 @@ class StreamGuard:
         strip_final_usage: bool = False,
         client_wants_usage: bool = True,
         collect: bool = False,
+        usage_null: bool = False,
     ) -> None:
         self.mode = mode
         self.n = n
@@ -80,6 +81,8 @@ class StreamGuard:
         self.strip_final_usage = strip_final_usage
         self.client_wants_usage = client_wants_usage
         self.collect = collect
+        #: Stripped usage becomes ``"usage": null`` (vLLM's completions chunks) instead of going.
+        self.usage_null = usage_null
         self.parser = SSEParser()
         self.choices: dict[int, ChoiceState] = {}
         self.done = False
@@ -200,10 +203,13 @@ class StreamGuard:
                 return self._maybe_finish(b"")
         if modified:
             if self.strip_chunk_usage:
-                chunk.pop("usage", None)
+                if self.usage_null:
+                    chunk["usage"] = None
+                else:
+                    chunk.pop("usage", None)
             out = encode_data(orjson.dumps(chunk))
         elif usage is not None and self.strip_chunk_usage:
-            out = encode_data(chunks.strip_usage(data, chunk))
+            out = encode_data(chunks.strip_usage(data, chunk, null=self.usage_null))
         else:
             return raw if not self.aborted else self._maybe_finish(raw)
         return self._maybe_finish(out)

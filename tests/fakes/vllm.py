@@ -413,6 +413,9 @@ class FakeVLLM:
                     "total_tokens": pt + ct,
                     "completion_tokens": ct,
                 }
+            elif not chat:
+                # vLLM writes completions chunks with exclude_unset=False: "usage": null.
+                chunk["usage"] = None
             events.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
 
         streams: list[list[tuple[str, str]]] = []
