@@ -57,20 +57,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def served(fake_upstream: FakeVLLM) -> Iterator[str]:
+@pytest.fixture(params=[1, 2], ids=["1-worker", "2-workers"])
+def served(fake_upstream: FakeVLLM, request: pytest.FixtureRequest) -> Iterator[str]:
     port = _free_port()
+    args = ["--host", "127.0.0.1", "--port", str(port), "--upstream", fake_upstream.url]
     proc = subprocess.Popen(
-        [
-            *CLI,
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--upstream",
-            fake_upstream.url,
-        ],
+        [*CLI, "serve", *args, "--workers", str(request.param)],
         env=_env(GUARD_UPSTREAM_METRICS_INTERVAL="0"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -106,3 +98,5 @@ def test_serve_relays_to_the_upstream_given_on_the_command_line(
     assert r.status_code == 200
     assert r.json()["choices"][0]["message"]["content"] == "Served over the real command."
     assert httpx.get(served + "/ready").status_code == 200
+    metrics = httpx.get(served + "/metrics/quality")
+    assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
