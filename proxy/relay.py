@@ -29,6 +29,10 @@ from proxy.records import ChoiceRecord, DetectionAction, Outcome
 from proxy.sse import DONE, DONE_EVENT, SSEParser, encode_data
 
 Mode = Literal["enforce", "monitor", "off"]
+
+#: vLLM's own loop stop (``repetition_detection``): the engine did the guard's job, so the client
+#: sees it as ``GUARD_ABORT_FINISH_REASON`` says while metrics keep the engine's reason.
+ENGINE_REPETITION = "repetition"
 Endpoint = Literal["chat", "completions"]
 
 
@@ -83,6 +87,7 @@ class StreamGuard:
         self.collect = collect
         #: Stripped usage becomes ``"usage": null`` (vLLM's completions chunks) instead of going.
         self.usage_null = usage_null
+        self._map_engine_repetition = mode != "off" and abort_finish_reason != ENGINE_REPETITION
         self.parser = SSEParser()
         self.choices: dict[int, ChoiceState] = {}
         self.done = False
@@ -195,6 +200,9 @@ class StreamGuard:
             finish = choice.get("finish_reason")
             if finish is not None:
                 self._end(state, str(finish), choice.get("stop_reason"))
+                if finish == ENGINE_REPETITION and self._map_engine_repetition:
+                    choice["finish_reason"] = self.abort_finish_reason
+                    modified = True
 
         if drop:
             chunk["choices"] = [c for c in choices if not any(c is d for d in drop)]
@@ -383,7 +391,10 @@ class StreamGuard:
             else:
                 choice["text"] = "".join(texts.get("text", []))
                 choice["logprobs"] = st.completion_logprobs
-            choice["finish_reason"] = st.finish_reason
+            finish = st.finish_reason
+            if finish == ENGINE_REPETITION and self._map_engine_repetition:
+                finish = self.abort_finish_reason
+            choice["finish_reason"] = finish
             choice["stop_reason"] = st.stop_reason
             if st.action == "aborted" and st.verdict is not None:
                 choice["guard"] = chunks.guard_object(st.verdict, st.tokens)

@@ -249,3 +249,29 @@ def test_non_streaming_abort_trims_from_onset(trim: bool) -> None:
     assert choice["text"] == (full[:onset] if trim else full)
     assert choice["finish_reason"] == "content_filter"
     assert resp["object"] == "text_completion"
+
+
+@pytest.mark.parametrize("mode", ["enforce", "monitor"])
+@pytest.mark.parametrize("mapped", ["content_filter", "length", "stop"])
+def test_engine_repetition_stop_is_shown_as_the_configured_finish_reason(
+    mode: str, mapped: str
+) -> None:
+    """vLLM's own repetition_detection ends a choice with finish_reason "repetition"; the client
+    sees GUARD_ABORT_FINISH_REASON, the engine's stop_reason stays, metrics keep "repetition"."""
+    whole = stream(["A short answer."], finish_reason="repetition")
+    g = guard(mode=mode, abort_finish_reason=mapped, collect=True)
+    sent = events_of(g.feed(whole) + g.eof())
+    finishes = [c["finish_reason"] for e in sent for c in e["choices"] if c["finish_reason"]]
+    assert finishes == [mapped]
+    assert g.response("chat", trim=True)["choices"][0]["finish_reason"] == mapped
+    [record] = g.records(100)
+    assert record.finish_reason == "repetition"
+
+
+@pytest.mark.parametrize(("mode", "mapped"), [("off", "content_filter"), ("enforce", "repetition")])
+def test_engine_repetition_stop_passes_untouched_when_nothing_maps_it(
+    mode: str, mapped: str
+) -> None:
+    whole = stream(["A short answer."], finish_reason="repetition")
+    g = guard(mode=mode, abort_finish_reason=mapped)
+    assert g.feed(whole) + g.eof() == whole
