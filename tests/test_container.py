@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -23,6 +21,7 @@ import pytest
 
 from tests.deploy_tools import require
 from tests.fakes.vllm import FakeVLLM, Script
+from tests.net import free_port, wait_healthy
 
 pytestmark = pytest.mark.container
 
@@ -47,13 +46,6 @@ def image() -> str:
     return IMAGE
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def container(image: str, fake_upstream: FakeVLLM) -> Iterator[tuple[str, str]]:
     """(name, base URL) of the proxy image running against the fake vLLM."""
@@ -69,17 +61,9 @@ def container(image: str, fake_upstream: FakeVLLM) -> Iterator[tuple[str, str]]:
     assert started.returncode == 0, started.stderr
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                logs = podman("logs", name).stdout + podman("logs", name).stderr
-                pytest.fail(f"container did not become healthy:\n{logs[-3000:]}")
-            time.sleep(0.2)
+        if not wait_healthy(base + "/health", timeout=30, interval=0.2):
+            logs = podman("logs", name).stdout + podman("logs", name).stderr
+            pytest.fail(f"container did not become healthy:\n{logs[-3000:]}")
         yield name, base
     finally:
         podman("rm", "-f", "-t", "2", name)

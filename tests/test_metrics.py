@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from proxy.metrics import OTHER, CappedLabel, Metrics, prepare_multiprocess
 from proxy.records import ChoiceRecord, GenerationRecord
 from tests.exposition_server import families, parse, value
 from tests.fakes.vllm import FakeVLLM, Script
+from tests.net import free_port, wait_healthy
 
 QUALITY_FAMILIES = {
     "guard_generations",
@@ -406,7 +406,7 @@ def test_served_with_two_workers_every_scrape_sees_every_request(
 ) -> None:
     """``coherence-guard serve --workers 2``: whichever worker answers a scrape, it reports the
     requests both workers handled (each request and scrape on a fresh connection)."""
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GUARD_", "PROMETHEUS_"))}
     env.update(
         PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "mp"),
@@ -423,15 +423,8 @@ def test_served_with_two_workers_every_scrape_sees_every_request(
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
-            time.sleep(0.1)
+        started = wait_healthy(base + "/health", timeout=30, alive=lambda: proc.poll() is None)
+        assert started, "serve did not start"
         fake_upstream.script = Script(texts=["A short and healthy answer."])
         mp = tmp_path / "mp"
         n = 0
@@ -459,12 +452,3 @@ def test_served_with_two_workers_every_scrape_sees_every_request(
             proc.wait()
         assert proc.stderr is not None
         proc.stderr.close()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -49,6 +48,7 @@ from tests.deploy_tools import (
 )
 from tests.exposition_server import fixture, parse, serve_exposition, value
 from tests.fakes.vllm import FakeVLLM, Script, tokenize
+from tests.net import free_port
 
 pytestmark = pytest.mark.prometheus
 
@@ -122,13 +122,6 @@ def fake_upstream() -> Iterator[FakeVLLM]:
     """Overrides conftest's fake for this module (``proxy_server`` picks it up)."""
     with FakeVLLMWithMetrics() as fake:
         yield fake
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Prometheus:

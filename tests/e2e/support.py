@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -15,6 +14,8 @@ from typing import Any
 import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 LOG_DIR = ROOT / ".e2e" / "logs"
@@ -27,13 +28,6 @@ LOOP_PROMPTS = {
 }
 #: Greedy and without the penalties that would hide the loop.
 GREEDY: dict[str, Any] = {"temperature": 0, "extra_body": {"repetition_penalty": 1.0}}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def metric_values(text: str) -> dict[str, float]:
