@@ -39,6 +39,10 @@ async def wait_for(predicate: Callable[[], bool]) -> None:
         await asyncio.sleep(0.02)
 
 
+def scrapes_ok(metrics: Metrics) -> float:
+    return value(parse(metrics.render_infra()[0]), SCRAPES, result="ok")
+
+
 async def test_watcher_exports_dtype_and_warns_once_on_fp8(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -50,14 +54,16 @@ async def test_watcher_exports_dtype_and_warns_once_on_fp8(
                 watch_upstream_config(client, upstream.url + "/", metrics, 0.02)
             )
             try:
-                await wait_for(lambda: upstream.hits.get("/metrics", 0) >= 2)
+                # Wait on the watcher's own count, not the server's hits: a request the server
+                # has seen may not be processed by the watcher yet.
+                await wait_for(lambda: scrapes_ok(metrics) >= 2)
                 infra = parse(metrics.render_infra()[0])
                 assert value(infra, INFO, cache_dtype="auto") == 1
                 assert FP8_WARNING not in caplog.text
 
                 upstream.routes["/metrics"] = fixture("vllm_fp8.txt")
-                seen = upstream.hits["/metrics"]
-                await wait_for(lambda: upstream.hits["/metrics"] >= seen + 4)
+                seen = scrapes_ok(metrics)
+                await wait_for(lambda: scrapes_ok(metrics) >= seen + 4)
             finally:
                 task.cancel()
                 with pytest.raises(asyncio.CancelledError):
