@@ -51,6 +51,8 @@ _MODES = frozenset({"enforce", "monitor", "off"})
 _JSON = [(b"content-type", b"application/json")]
 #: Upstream response headers the proxy's server writes itself.
 _OWN_HEADERS = ("date", "server")
+#: How long to wait for the end of a body after ``[DONE]`` before giving the connection up.
+_DRAIN_SECONDS = 1.0
 #: Words an engine's 400 uses when it rejects the usage options the proxy adds.
 _USAGE_OPTION_WORDS = (b"stream_options", b"continuous_usage_stats", b"include_usage")
 
@@ -500,6 +502,8 @@ class _GuardedCall:
                 await self._stream(resp, guard, watch)
             else:
                 await self._collect(resp, guard, watch)
+            if guard.saw_done and not guard.aborted:
+                await resp.drain(_DRAIN_SECONDS)
         finally:
             watch.cancellable = False
             await resp.aclose()

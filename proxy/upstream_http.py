@@ -242,6 +242,16 @@ class Response:
             parts.append(data)
         return b"".join(parts)
 
+    async def drain(self, limit: float) -> None:
+        """Read the rest of a body whose content has ended (vLLM writes the chunked terminator
+        after ``[DONE]``, often in a later packet), so the connection can be reused."""
+        try:
+            async with asyncio.timeout(limit):
+                while await self.read():
+                    pass
+        except (UpstreamFailure, TimeoutError):
+            pass
+
     def _finish(self) -> None:
         if not self._done:
             self._done = True

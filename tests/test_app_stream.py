@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -318,3 +319,17 @@ def test_tool_call_and_reasoning_streams_are_relayed(
     stream = httpx.post(base + "/v1/chat/completions", json={**body, "stream": True})
     direct = httpx.post(fake_upstream.url + "/v1/chat/completions", json={**body, "stream": True})
     assert stream.content == direct.content
+
+
+def test_upstream_connection_is_reused_after_complete_streams(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+) -> None:
+    """Keep-alive to the engine survives [DONE]: no new TCP connection per request."""
+    fake_upstream.script = Script(texts=["A short and healthy answer."], tail_delay=0.05)
+    base = proxy_server()
+    body = {"model": "m", "messages": MESSAGES, "max_tokens": 50}
+    for stream in (True, False, True):
+        r = httpx.post(base + "/v1/chat/completions", json={**body, "stream": stream})
+        assert r.status_code == 200
+        time.sleep(0.2)  # the client has its answer; the proxy still reads the terminator
+    assert len({r.peer for r in fake_upstream.guarded_requests()}) == 1

@@ -68,6 +68,8 @@ class Script:
     hang: bool = False
     model: str = "fake-model"
     prompt_tokens: int = 7
+    #: Delay before the chunked terminator that follows ``[DONE]`` (uvicorn writes it apart).
+    tail_delay: float = 0.0
 
 
 @dataclass
@@ -365,6 +367,9 @@ class FakeVLLM:
                 await asyncio.sleep(0)
             if pending:
                 self._chunk(writer, pending)
+            if script.tail_delay:
+                await writer.drain()
+                await asyncio.sleep(script.tail_delay)
             writer.write(b"0\r\n\r\n")
             await writer.drain()
             rec.completed = True
