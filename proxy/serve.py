@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from proxy.settings import Settings
 
 _FLAGS = {
     "host": "GUARD_HOST",
@@ -46,12 +51,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"coherence-guard: {exc}", file=sys.stderr)
         return 2
 
+    from proxy.metrics import MULTIPROC_ENV, prepare_multiprocess
+
+    # Several workers share their counters through prometheus-client's multiprocess mode. A
+    # directory the proxy made itself holds nothing worth keeping once the server is gone.
+    own_dir = MULTIPROC_ENV not in os.environ
+    metrics_dir = prepare_multiprocess(settings.workers)
+    try:
+        _serve(settings)
+    finally:
+        if own_dir and metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+    return 0
+
+
+def _serve(settings: Settings) -> None:
     import uvicorn
-
-    from proxy.metrics import prepare_multiprocess
-
-    # Several workers share their counters through prometheus-client's multiprocess mode.
-    prepare_multiprocess(settings.workers)
 
     uvicorn.run(
         "proxy.app:create_app_from_env",
@@ -65,4 +80,3 @@ def run(args: argparse.Namespace) -> int:
         access_log=False,
         timeout_graceful_shutdown=10,
     )
-    return 0

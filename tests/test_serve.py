@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.fakes.vllm import FakeVLLM, Script
+from tests.net import free_port, wait_healthy
 
 CLI = [sys.executable, "-m", "proxy"]
 
@@ -51,15 +52,9 @@ def test_bad_configuration_exits_2_naming_the_variable(command: list[str]) -> No
     assert "Traceback" not in out.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(params=[1, 2], ids=["1-worker", "2-workers"])
 def served(fake_upstream: FakeVLLM, request: pytest.FixtureRequest) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     args = ["--host", "127.0.0.1", "--port", str(port), "--upstream", fake_upstream.url]
     proc = subprocess.Popen(
         [*CLI, "serve", *args, "--workers", str(request.param)],
@@ -100,3 +95,28 @@ def test_serve_relays_to_the_upstream_given_on_the_command_line(
     assert httpx.get(served + "/ready").status_code == 200
     metrics = httpx.get(served + "/metrics/quality")
     assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
+
+
+def test_serve_with_workers_removes_the_metrics_directory_it_made(
+    fake_upstream: FakeVLLM, tmp_path: Path
+) -> None:
+    """Several workers share counters through files in a temporary directory the proxy makes;
+    stopping the server removes it (restarts would otherwise pile them up)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    port = free_port()
+    args = ["--host", "127.0.0.1", "--port", str(port), "--upstream", fake_upstream.url]
+    env = _env(GUARD_UPSTREAM_METRICS_INTERVAL="0", TMPDIR=str(tmp))
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    proc = subprocess.Popen(
+        [*CLI, "serve", *args, "--workers", "2"], env=env, stdout=subprocess.DEVNULL
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        assert wait_healthy(base + "/health", timeout=20, alive=lambda: proc.poll() is None)
+        assert httpx.get(base + "/metrics").status_code == 200
+        assert list(tmp.glob("coherence-guard-metrics-*"))
+    finally:
+        proc.terminate()
+        assert proc.wait(15) == 0
+    assert not list(tmp.glob("coherence-guard-metrics-*"))
