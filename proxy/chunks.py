@@ -32,20 +32,6 @@ class Piece:
     tool_index: int = 0
 
 
-@dataclass(slots=True)
-class ChoiceDelta:
-    index: int
-    text: str
-    pieces: list[Piece]
-    finish_reason: str | None
-    choice: dict[str, Any]
-
-
-def parse(data: bytes) -> Any:
-    """``orjson.loads``; raises ``orjson.JSONDecodeError`` (a ValueError) on bad JSON."""
-    return orjson.loads(data)
-
-
 def choice_text(choice: dict[str, Any]) -> str:
     """All new text of one choice (the detector's input), fast for vLLM's usual
     ``{"delta": {"content": ...}}``: reasoning, then content, then tool-call arguments."""
@@ -91,30 +77,6 @@ def choice_pieces(choice: dict[str, Any]) -> list[Piece]:
         if isinstance(text, str) and text:
             pieces.append(Piece("text", text))
     return pieces
-
-
-def choice_deltas(chunk: dict[str, Any]) -> list[ChoiceDelta]:
-    """The text each choice of ``chunk`` adds, chat or completions alike."""
-    choices = chunk.get("choices")
-    if not isinstance(choices, list):
-        return []
-    out: list[ChoiceDelta] = []
-    for choice in choices:
-        if not isinstance(choice, dict):
-            continue
-        index = choice.get("index", 0)
-        pieces = choice_pieces(choice)
-        finish = choice.get("finish_reason")
-        out.append(
-            ChoiceDelta(
-                index if isinstance(index, int) else 0,
-                "".join(p.text for p in pieces),
-                pieces,
-                finish if isinstance(finish, str) else None,
-                choice,
-            )
-        )
-    return out
 
 
 def logprobs_content(choice: dict[str, Any]) -> list[Any] | None:
