@@ -56,6 +56,45 @@ class Settings(BaseSettings):
     metrics_max_models: int = Field(default=20, ge=1)
     upstream_metrics_interval: float = Field(default=60.0, ge=0)
 
+    # --- upstream connection (one configuration for every route's client) ---
+    #: Bearer key the proxy sends to the engine; unset = the client's Authorization is passed on.
+    upstream_api_key: str | None = None
+    #: Verify the engine's TLS certificate (https upstreams).
+    upstream_tls_verify: bool = True
+    #: PEM bundle of CAs trusted for the engine; unset = the system store (certifi-free, ssl's).
+    upstream_ca_bundle: str | None = None
+    #: Client certificate (PEM, may hold the key) and key for mutual TLS with the engine.
+    upstream_client_cert: str | None = None
+    upstream_client_key: str | None = None
+    #: Seconds a write of the request to the engine may take.
+    write_timeout: float = Field(default=30.0, gt=0)
+    #: Connections kept to the engine per worker.
+    upstream_max_connections: int = Field(default=1024, ge=1)
+
+    # --- routing and bounds ---
+    #: Engine paths that generate text but are not guarded: relay them (with a warning at
+    #: start-up) or answer 403.
+    unguarded_routes: Literal["pass", "reject"] = "pass"
+    #: Largest single SSE event accepted from the engine (bytes); a larger one ends the stream
+    #: with an error instead of growing without bound.
+    max_event_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    #: A client that accepts no bytes for this many seconds is dropped and the upstream closed.
+    client_write_timeout: float = Field(default=30.0, gt=0)
+    #: Overall limit on one request, seconds (0 = none).
+    request_deadline: float = Field(default=0.0, ge=0)
+
+    # --- operability ---
+    log_format: Literal["text", "json"] = "text"
+    access_log: bool = False
+    #: Keys allowed to send x-guard-mode (when GUARD_ALLOW_CLIENT_OVERRIDE); empty = every key.
+    override_api_keys: list[str] = Field(default_factory=list)
+    #: Require an API key (one of GUARD_API_KEYS or GUARD_METRICS_API_KEYS) on /metrics*.
+    protect_metrics: bool = False
+    metrics_api_keys: list[str] = Field(default_factory=list)
+    #: Where the expected language of an answer comes from when GUARD_LANGUAGE does not inject
+    #: one: ``prompt`` = detected from the request's own text, ``off`` = none.
+    expect_language: Literal["prompt", "off"] = "prompt"
+
 
 def _detector_settings_model() -> type[BaseSettings]:
     fields: dict[str, Any] = {

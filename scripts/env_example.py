@@ -72,6 +72,30 @@ SETTINGS_HELP: dict[str, str] = {
     "counted as model=other.",
     "upstream_metrics_interval": "Seconds between scrapes of the engine's /metrics for its "
     "KV cache dtype (fp8 warning); 0 turns it off.",
+    "upstream_api_key": "Bearer key the proxy sends to the engine (replaces the client's "
+    "Authorization); unset: the client's header is passed on.",
+    "upstream_tls_verify": "Verify the engine's TLS certificate (https upstreams).",
+    "upstream_ca_bundle": "PEM file of CAs trusted for the engine; unset: the system store.",
+    "upstream_client_cert": "PEM client certificate for mutual TLS with the engine.",
+    "upstream_client_key": "PEM key of the client certificate (if not inside it).",
+    "write_timeout": "Seconds a write of a request to the engine may take.",
+    "upstream_max_connections": "Connections to the engine kept per worker.",
+    "unguarded_routes": "Engine routes that generate text but are not guarded: pass (relay, "
+    "warning at start-up) or reject (403).",
+    "max_event_bytes": "Largest single SSE event accepted from the engine; a larger one ends "
+    "the stream with an error.",
+    "client_write_timeout": "Seconds a client may accept no bytes before it is dropped and the "
+    "engine's generation closed.",
+    "request_deadline": "Overall seconds one request may take (0: no limit).",
+    "log_format": "text or json (one JSON object per line).",
+    "access_log": "Log one line per request (method, path, status, duration, request id).",
+    "override_api_keys": "JSON list of keys allowed to send x-guard-mode; empty: any client "
+    "(when GUARD_ALLOW_CLIENT_OVERRIDE is on).",
+    "protect_metrics": "Require a key (GUARD_API_KEYS or GUARD_METRICS_API_KEYS) on /metrics "
+    "and /metrics/quality.",
+    "metrics_api_keys": "JSON list of keys that may read the metrics (scrapers).",
+    "expect_language": "Expected answer language when GUARD_LANGUAGE injects none: prompt "
+    "(detected from the request's text) or off.",
 }
 
 # Variables docker-compose.yml reads (not the proxy): listed so one .env drives the stack.
