@@ -13,7 +13,7 @@ from typing import Literal
 from proxy.detect import Summary
 
 Outcome = Literal["completed", "aborted", "client_disconnected", "upstream_error"]
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "responses", "messages"]
 DetectionAction = Literal["aborted", "observed"]
 
 
