@@ -57,6 +57,9 @@ def test_recorded_healthy_stream_passes_byte_identical(path: Path) -> None:
     assert g.feed(whole) + g.eof() == whole
     assert g.outcome() == "completed"
     assert not g.aborted
+    [record] = g.records(100)
+    assert record.completion_tokens == (g.usage or {})["output_tokens"]
+    assert record.finish_reason == ("length" if "length" in path.name else "stop")
 
 
 @pytest.mark.parametrize("path", sorted(STREAMS.glob("*.sse")), ids=lambda p: p.name)

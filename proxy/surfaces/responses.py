@@ -252,6 +252,10 @@ class _Responses:
             it = usage.get("input_tokens")
             if isinstance(it, int):
                 guard.prompt_tokens = it
+            ot = usage.get("output_tokens")
+            if isinstance(ot, int) and len(guard.choices) == 1:
+                # One item: the engine's exact count replaces the one-per-delta estimate.
+                next(iter(guard.choices.values())).tokens = ot
         status = response.get("status")
         if status == "failed":
             err = response.get("error")
