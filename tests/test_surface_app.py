@@ -259,6 +259,27 @@ def test_messages_rewriting(
     assert missing.status_code == 400 and "max_tokens" in missing.text
 
 
+@pytest.mark.parametrize("endpoint", ["responses", "messages"])
+def test_client_hang_up_closes_the_upstream(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory, endpoint: str
+) -> None:
+    fake_upstream.script = Script(texts=[HEALTHY * 20], chunk_delay=0.01)
+    base = proxy_server()
+    body: dict[str, Any] = {"model": "m", "stream": True}
+    if endpoint == "responses":
+        body.update(input="x")
+    else:
+        body.update(messages=USER, max_tokens=4000)
+    with httpx.stream("POST", f"{base}/v1/{endpoint}", json=body) as r:
+        for _ in zip(range(5), r.iter_raw(), strict=False):
+            pass
+        gone = time.monotonic()
+    rec = fake_upstream.guarded_requests()[0]
+    assert fake_upstream.wait_for(lambda: rec.disconnected is not None, timeout=2)
+    assert rec.disconnected is not None and rec.disconnected - gone < 0.2
+    assert not rec.completed
+
+
 # ---------------------------------------------------------------- records and metrics
 @pytest.mark.parametrize("endpoint", ["responses", "messages"])
 def test_generations_are_recorded_with_the_route(

@@ -7,11 +7,14 @@ recorded-shape streams for reasoning and tool calls, which SmolLM2 does not prod
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.detect import Detector
 from proxy.errors import UpstreamError
@@ -81,6 +84,35 @@ def test_every_byte_boundary_gives_identical_output(path: Path) -> None:
     step = 1 if len(whole) < 6000 else 7
     for cut in range(1, len(whole), step):
         assert run([whole[:cut], whole[cut:]]) == expected, cut
+
+
+_ALL = sorted(STREAMS.glob("*.sse"))
+_WHOLE = {p.name: p.read_bytes() for p in _ALL}
+
+
+def _run(endpoint: str, pieces: list[bytes]) -> bytes:
+    g = guard(endpoint)
+    out = b""
+    for p in pieces:
+        out += g.feed(p)
+        if g.done:
+            return out
+    return out + g.eof()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(sorted(_WHOLE)),
+    cuts=st.lists(st.floats(min_value=0, max_value=1), max_size=40),
+)
+def test_any_number_of_splits_gives_identical_output(name: str, cuts: list[float]) -> None:
+    """However the upstream bytes arrive (many reads, one-byte reads, CR/LF pairs split), the
+    client gets what the unsplit stream gives."""
+    whole = _WHOLE[name]
+    points = sorted({int(c * len(whole)) for c in cuts} | {0, len(whole)})
+    pieces = [whole[a:b] for a, b in itertools.pairwise(points)]
+    endpoint = name.split("_")[0]
+    assert _run(endpoint, pieces) == _run(endpoint, [whole])
 
 
 def test_responses_real_loop_ends_with_closed_item_and_response_incomplete() -> None:
