@@ -280,6 +280,23 @@ def test_client_hang_up_closes_the_upstream(
     assert not rec.completed
 
 
+@pytest.mark.parametrize("endpoint", ["responses", "messages"])
+def test_engine_error_mid_stream_is_an_error_answer_for_a_non_streaming_client(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory, sdk: Clients, endpoint: str
+) -> None:
+    fake_upstream.script = Script(texts=[HEALTHY], mid_stream_error=3)
+    base = proxy_server()
+    if endpoint == "responses":
+        with pytest.raises(openai.APIStatusError) as oa_info:
+            sdk.openai(base).responses.create(model="m", input="x")
+        assert oa_info.value.status_code == 502
+    else:
+        with pytest.raises(anthropic.APIStatusError) as an_info:
+            sdk.anthropic(base).messages.create(model="m", messages=USER, max_tokens=50)  # type: ignore[arg-type]
+        assert an_info.value.status_code == 502
+        assert "engine failure" in str(an_info.value)
+
+
 # ---------------------------------------------------------------- records and metrics
 @pytest.mark.parametrize("endpoint", ["responses", "messages"])
 def test_generations_are_recorded_with_the_route(
