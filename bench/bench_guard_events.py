@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from proxy.detect import Detector, DetectorConfig, Summary  # noqa: E402
 from proxy.metrics import Metrics  # noqa: E402
 from proxy.records import GenerationRecord  # noqa: E402
-from proxy.relay import StreamGuard  # noqa: E402
+from proxy.relay import GuardPolicy, StreamGuard  # noqa: E402
 from tests.fakes.vllm import FakeVLLM, Script, tokenize  # noqa: E402
 
 MAX_TOKENS = 128
@@ -96,14 +96,10 @@ def stream_events(text: str) -> list[bytes]:
 def make_guard(make_detector: Callable[[], Detector]) -> StreamGuard:
     # What the app builds for a streaming chat request in enforce mode whose client did not ask
     # for usage: the injected per-chunk and final usage are stripped.
-    return StreamGuard(
-        mode="enforce",
-        n=1,
-        make_detector=make_detector,
-        strip_chunk_usage=True,
-        strip_final_usage=True,
-        client_wants_usage=False,
+    policy = GuardPolicy.create(
+        mode="enforce", strip_chunk_usage=True, strip_final_usage=True, client_wants_usage=False
     )
+    return StreamGuard(policy, make_detector)
 
 
 def run_interleaved(

@@ -20,7 +20,7 @@ import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 import orjson
@@ -31,9 +31,9 @@ from proxy import upstream
 from proxy.detect import Detector, DetectorConfig
 from proxy.errors import BadRequest, GuardError, PayloadTooLarge, Unauthorized
 from proxy.metrics import Metrics
-from proxy.records import GenerationRecord
-from proxy.relay import Mode, StreamGuard
-from proxy.rewrite import Endpoint, Rewrite, RewritePolicy, rewrite_request
+from proxy.records import Endpoint, GenerationRecord
+from proxy.relay import GuardPolicy, Mode, StreamGuard
+from proxy.rewrite import Rewrite, RewritePolicy, rewrite_request
 from proxy.settings import Settings, load_detector_config, load_settings
 from proxy.upstream_http import Response as UpstreamResponse
 from proxy.upstream_http import UpstreamClient, UpstreamFailure
@@ -45,7 +45,12 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-GUARDED: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+GUARDED: dict[str, Endpoint] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}
 OWN_ROUTES = frozenset({"/health", "/ready", "/metrics", "/metrics/quality"})
 _MODES = frozenset({"enforce", "monitor", "off"})
 _JSON = [(b"content-type", b"application/json")]
@@ -394,7 +399,7 @@ class _GuardedCall:
         self.proxy = proxy
         self.scope = scope
         self.send = send
-        self.endpoint: Literal["chat", "completions"] = endpoint
+        self.endpoint: Endpoint = endpoint
         self.rw = rw
         self.mode: Mode = mode
         self.headers = headers
@@ -509,20 +514,15 @@ class _GuardedCall:
             await resp.aclose()
 
     def _make_guard(self) -> StreamGuard:
-        rw = self.rw
-        injected = self._injected_usage()
-        wants = rw.client_wants_usage and rw.client_stream
-        return StreamGuard(
-            mode=self.mode,
-            n=rw.n,
-            make_detector=self.proxy.make_detector(rw),
+        policy = GuardPolicy.for_request(
+            self.endpoint,
+            self.rw,
+            self.mode,
             abort_finish_reason=self.proxy.settings.abort_finish_reason,
-            strip_chunk_usage=injected and rw.client_stream and not self.client_continuous,
-            strip_final_usage=injected and rw.client_stream and not wants,
-            client_wants_usage=wants,
-            collect=not rw.client_stream,
-            usage_null=self.endpoint == "completions",
+            injected_usage=self._injected_usage(),
+            client_continuous=self.client_continuous,
         )
+        return StreamGuard(policy, self.proxy.make_detector(self.rw))
 
     async def _stream(self, resp: UpstreamResponse, guard: StreamGuard, watch: _Watch) -> None:
         send = self.send
@@ -579,9 +579,7 @@ class _GuardedCall:
             body = orjson.dumps({"error": err})
         else:
             status = 200
-            body = orjson.dumps(
-                guard.response(self.endpoint, trim=self.proxy.settings.trim_on_abort)
-            )
+            body = orjson.dumps(guard.response(trim=self.proxy.settings.trim_on_abort))
         self.status = status
         await self.send(
             {

@@ -57,7 +57,7 @@ OTHER: Final = "other"
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 
 OUTCOMES: Final = frozenset({"completed", "aborted", "client_disconnected", "upstream_error"})
-ENDPOINTS: Final = frozenset({"chat", "completions"})
+ENDPOINTS: Final = frozenset({"chat", "completions", "responses", "messages"})
 DETECTION_ACTIONS: Final = frozenset({"aborted", "observed"})
 MAX_TOKENS_ACTIONS: Final = frozenset({"defaulted", "clamped", "rejected"})
 UPSTREAM_ERROR_KINDS: Final = frozenset({"connect", "timeout", "status", "protocol", "disconnect"})

@@ -13,13 +13,14 @@ from typing import Literal
 from proxy.detect import Summary
 
 Outcome = Literal["completed", "aborted", "client_disconnected", "upstream_error"]
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "responses", "messages"]
 DetectionAction = Literal["aborted", "observed"]
 
 
 @dataclass(slots=True)
 class ChoiceRecord:
-    """One choice (``index``) of a generation, as it ended.
+    """One choice (``index``) of a generation, as it ended: a chat/completions choice, a
+    Responses output item (``index`` = ``output_index``) or an Anthropic message (index 0).
 
     ``finish_reason`` is what the client saw (the guard's configured reason for an aborted
     choice, ``None`` if the stream ended without one). ``detection_action`` is set when the

@@ -4,20 +4,27 @@ Pure and synchronous (no sockets, no asyncio): the app's I/O loop hands each ups
 :meth:`StreamGuard.feed`, writes what it returns, and stops reading (closing the upstream, which
 makes vLLM abort the request and free its KV cache) as soon as :attr:`StreamGuard.done` says so.
 
-Per event the guard parses the JSON once, feeds each choice's new text to that choice's own
-:class:`~proxy.detect.Detector`, and forwards the upstream bytes untouched unless it must change
-them: usage the client did not ask for is removed, and an aborted choice's last chunk is
-rewritten to end it (``finish_reason``, ``stop_reason: "coherence_guard:<signal>"`` and the
+One state machine serves every generation surface. What is common lives here: SSE parsing, one
+:class:`BlockState` (a detector and its counts) per unit of text the surface defines, the end of
+the stream (terminal event, upstream failure, EOF), the outcome and the records. What differs per
+surface is a :class:`Surface`: how text is read out of an event and which detector it feeds, which
+events end the stream on a verdict, how an upstream failure is written, and how a non-streamed
+answer is rebuilt (:mod:`proxy.reassemble`).
+
+Chat and completions (this module, the hot path): per event the JSON is parsed once, each choice's
+new text goes to that choice's own detector, and the upstream bytes are forwarded untouched unless
+they must change: usage the client did not ask for is removed, and an aborted choice's last chunk
+is rewritten to end it (``finish_reason``, ``stop_reason: "coherence_guard:<signal>"`` and the
 ``guard`` object). With ``n > 1`` an aborted choice ends alone; the stream ends when no live
-choice remains. The same object reassembles a non-streaming answer from the stream
-(:meth:`StreamGuard.response`).
+choice remains. The Responses and Messages surfaces are in :mod:`proxy.surfaces`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from types import MethodType
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
 
@@ -25,19 +32,104 @@ from proxy import chunks
 from proxy.chunks import Piece
 from proxy.detect import Detector, Summary, Verdict
 from proxy.errors import GuardError, UpstreamError
-from proxy.records import ChoiceRecord, DetectionAction, Outcome
+from proxy.records import ChoiceRecord, DetectionAction, Endpoint, Outcome
 from proxy.sse import DONE, DONE_EVENT, SSEParser, encode_data
+
+if TYPE_CHECKING:
+    from proxy.rewrite import Rewrite
 
 Mode = Literal["enforce", "monitor", "off"]
 
 #: vLLM's own loop stop (``repetition_detection``): the engine did the guard's job, so the client
 #: sees it as ``GUARD_ABORT_FINISH_REASON`` says while metrics keep the engine's reason.
 ENGINE_REPETITION = "repetition"
-Endpoint = Literal["chat", "completions"]
+
+__all__ = ["BlockState", "ChoiceState", "GuardPolicy", "Mode", "StreamGuard", "Surface"]
+
+
+@dataclass(frozen=True, slots=True)
+class GuardPolicy:
+    """How one request is relayed, resolved once before the first byte (the hot path reads
+    fields, it never re-derives them).
+
+    ``strip_chunk_usage`` / ``strip_final_usage`` remove the per-chunk and the final usage the
+    proxy asked for on its own account (``usage_null``: written as ``"usage": null``, as vLLM's
+    completions chunks do, instead of removed); ``collect`` keeps the text for a non-streamed
+    answer; ``map_engine_repetition`` shows vLLM's own ``repetition`` stop as
+    ``abort_finish_reason``.
+    """
+
+    endpoint: Endpoint = "chat"
+    mode: Mode = "enforce"
+    n: int = 1
+    abort_finish_reason: str = "content_filter"
+    strip_chunk_usage: bool = False
+    strip_final_usage: bool = False
+    client_wants_usage: bool = True
+    collect: bool = False
+    usage_null: bool = False
+    map_engine_repetition: bool = True
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        endpoint: Endpoint = "chat",
+        mode: Mode = "enforce",
+        n: int = 1,
+        abort_finish_reason: str = "content_filter",
+        strip_chunk_usage: bool = False,
+        strip_final_usage: bool = False,
+        client_wants_usage: bool = True,
+        collect: bool = False,
+        usage_null: bool = False,
+    ) -> GuardPolicy:
+        """The policy with its derived fields filled in."""
+        return cls(
+            endpoint=endpoint,
+            mode=mode,
+            n=n,
+            abort_finish_reason=abort_finish_reason,
+            strip_chunk_usage=strip_chunk_usage,
+            strip_final_usage=strip_final_usage,
+            client_wants_usage=client_wants_usage,
+            collect=collect,
+            usage_null=usage_null,
+            map_engine_repetition=mode != "off" and abort_finish_reason != ENGINE_REPETITION,
+        )
+
+    @classmethod
+    def for_request(
+        cls,
+        endpoint: Endpoint,
+        rw: Rewrite,
+        mode: Mode,
+        *,
+        abort_finish_reason: str,
+        injected_usage: bool,
+        client_continuous: bool,
+    ) -> GuardPolicy:
+        """What the app relays for a rewritten request: ``injected_usage`` says the proxy asked
+        for usage itself, ``client_continuous`` that the client asked for per-chunk usage."""
+        wants = rw.client_wants_usage and rw.client_stream
+        return cls.create(
+            endpoint=endpoint,
+            mode=mode,
+            n=rw.n,
+            abort_finish_reason=abort_finish_reason,
+            strip_chunk_usage=injected_usage and rw.client_stream and not client_continuous,
+            strip_final_usage=injected_usage and rw.client_stream and not wants,
+            client_wants_usage=wants,
+            collect=not rw.client_stream,
+            usage_null=endpoint == "completions",
+        )
 
 
 @dataclass(slots=True)
-class ChoiceState:
+class BlockState:
+    """One unit of generated text with its own detector: a chat/completions choice, a Responses
+    output item, an Anthropic message."""
+
     index: int
     detector: Detector
     tokens: int = 0
@@ -57,40 +149,48 @@ class ChoiceState:
     trigger_text: str | None = None
 
 
+#: The name the chat relay has always used.
+ChoiceState = BlockState
+
+
+class Surface(Protocol):
+    """The per-surface part of the relay (see the module docstring)."""
+
+    def event(self, guard: StreamGuard, raw: bytes, data: bytes | None) -> bytes:
+        """Client bytes for one upstream event."""
+
+    def failure(self, guard: StreamGuard, error: GuardError) -> bytes:
+        """The events that end a client stream whose upstream failed."""
+
+    def response(self, guard: StreamGuard, trim: bool) -> dict[str, Any]:
+        """The non-streamed answer rebuilt from what the guard saw."""
+
+
 class StreamGuard:
     """One request's relay state; see the module docstring.
 
-    ``strip_chunk_usage`` / ``strip_final_usage`` remove the per-chunk and the final usage the
-    proxy asked for on its own account; ``collect`` keeps the text for :meth:`response`.
+    ``policy`` says how to relay, ``make_detector`` builds one detector per block; ``surface``
+    defaults to the one ``policy.endpoint`` names.
     """
 
     def __init__(
         self,
-        *,
-        mode: Mode,
-        n: int,
+        policy: GuardPolicy,
         make_detector: Callable[[], Detector],
-        abort_finish_reason: str = "content_filter",
-        strip_chunk_usage: bool = False,
-        strip_final_usage: bool = False,
-        client_wants_usage: bool = True,
-        collect: bool = False,
-        usage_null: bool = False,
+        surface: Surface | None = None,
     ) -> None:
-        self.mode = mode
-        self.n = n
+        self.policy = policy
+        self.mode = policy.mode
+        self.n = policy.n
         self._make_detector = make_detector
-        self.abort_finish_reason = abort_finish_reason
-        self.strip_chunk_usage = strip_chunk_usage
-        self.strip_final_usage = strip_final_usage
-        self.client_wants_usage = client_wants_usage
-        self.collect = collect
-        #: Stripped usage becomes ``"usage": null`` (vLLM's completions chunks) instead of going.
-        self.usage_null = usage_null
-        self._map_engine_repetition = mode != "off" and abort_finish_reason != ENGINE_REPETITION
+        self.surface: Surface = surface or surface_for(policy.endpoint)
+        #: Chat's own event handler is a method (the hot path skips one call); others dispatch.
+        if not isinstance(self.surface, _ChatSurface):
+            self._event = MethodType(_surface_event, self)  # type: ignore[method-assign]
         self.parser = SSEParser()
-        self.choices: dict[int, ChoiceState] = {}
+        self.choices: dict[int, BlockState] = {}
         self.done = False
+        #: The stream's terminal event arrived (``[DONE]``, ``response.completed``, ...).
         self.saw_done = False
         self.aborted = False
         self.error: dict[str, Any] | None = None
@@ -98,7 +198,13 @@ class StreamGuard:
         self.usage: dict[str, Any] | None = None
         self.template: dict[str, Any] | None = None
         self.first_content = False
+        #: Per-surface state (the Responses/Messages surfaces keep theirs here).
+        self.extra: Any = None
         self._ended_count = 0
+
+    def new_block(self, index: int) -> BlockState:
+        state = self.choices[index] = BlockState(index, self._make_detector())
+        return state
 
     # ------------------------------------------------------------------ streaming
     def feed(self, data: bytes) -> bytes:
@@ -144,7 +250,7 @@ class StreamGuard:
             return raw
         if not choices:
             # The final usage chunk.
-            if usage is not None and self.strip_final_usage:
+            if usage is not None and self.policy.strip_final_usage:
                 return b""
             return raw
         if self.template is None:
@@ -161,7 +267,7 @@ class StreamGuard:
             if state is None:
                 if type(index) is not int:
                     continue
-                state = self.choices[index] = ChoiceState(index, self._make_detector())
+                state = self.new_block(index)
             if state.ended:
                 drop.append(choice)  # a choice the guard already ended (n > 1)
                 continue
@@ -175,7 +281,7 @@ class StreamGuard:
             verdict = None
             if text:
                 self.first_content = True
-                if self.collect:
+                if self.policy.collect:
                     self._collect(state, chunks.choice_pieces(choice))
                 lp = choice.get("logprobs")
                 verdict = state.detector.feed(
@@ -184,15 +290,17 @@ class StreamGuard:
                     logprobs=None if lp is None else chunks.logprobs_content(choice),
                 )
                 state.chars += len(text)
-            if self.collect:
+            if self.policy.collect:
                 self._collect_extra(state, choice)
             if verdict is not None and state.verdict is None:
                 state.verdict = verdict
                 state.trigger_text = text
                 if self.mode == "enforce":
                     state.action = "aborted"
-                    chunks.mark_aborted(choice, verdict, self.abort_finish_reason, state.tokens)
-                    self._end(state, self.abort_finish_reason, choice["stop_reason"])
+                    chunks.mark_aborted(
+                        choice, verdict, self.policy.abort_finish_reason, state.tokens
+                    )
+                    self._end(state, self.policy.abort_finish_reason, choice["stop_reason"])
                     self.aborted = True
                     modified = True
                     continue
@@ -200,8 +308,8 @@ class StreamGuard:
             finish = choice.get("finish_reason")
             if finish is not None:
                 self._end(state, str(finish), choice.get("stop_reason"))
-                if finish == ENGINE_REPETITION and self._map_engine_repetition:
-                    choice["finish_reason"] = self.abort_finish_reason
+                if finish == ENGINE_REPETITION and self.policy.map_engine_repetition:
+                    choice["finish_reason"] = self.policy.abort_finish_reason
                     modified = True
 
         if drop:
@@ -210,14 +318,14 @@ class StreamGuard:
             if not chunk["choices"]:
                 return self._maybe_finish(b"")
         if modified:
-            if self.strip_chunk_usage:
-                if self.usage_null:
+            if self.policy.strip_chunk_usage:
+                if self.policy.usage_null:
                     chunk["usage"] = None
                 else:
                     chunk.pop("usage", None)
             out = encode_data(orjson.dumps(chunk))
-        elif usage is not None and self.strip_chunk_usage:
-            out = encode_data(chunks.strip_usage(data, chunk, null=self.usage_null))
+        elif usage is not None and self.policy.strip_chunk_usage:
+            out = encode_data(chunks.strip_usage(data, chunk, null=self.policy.usage_null))
         else:
             return raw if not self.aborted else self._maybe_finish(raw)
         return self._maybe_finish(out)
@@ -241,7 +349,7 @@ class StreamGuard:
             return out
         self.done = True
         tail = [out]
-        if self.client_wants_usage and self.template is not None:
+        if self.policy.client_wants_usage and self.template is not None:
             tail.append(encode_data(chunks.usage_chunk(self.template, self.final_usage())))
         tail.append(DONE_EVENT)
         return b"".join(tail)
@@ -256,14 +364,15 @@ class StreamGuard:
         }
 
     def upstream_failed(self, error: GuardError) -> bytes:
-        """The upstream died mid-stream: an SSE error event, then ``[DONE]``, never a hang."""
+        """The upstream died mid-stream: the surface's error events, never a hang."""
         self.done = True
         self.error = error.to_dict()["error"]
-        return encode_data(error.to_json()) + DONE_EVENT
+        return self.surface.failure(self, error)
 
     def eof(self) -> bytes:
-        """The upstream closed the body. A stream that ended without ``[DONE]`` is an upstream
-        failure; the bytes of an unterminated last event are dropped (see ``SSEParser.flush``)."""
+        """The upstream closed the body. A stream that ended without its terminal event
+        (``[DONE]`` on chat) is an upstream failure; the bytes of an unterminated last event
+        are dropped (see ``SSEParser.flush``)."""
         if self.done:
             return b""
         out = b"".join(self._event(ev.raw, ev.data) for ev in self.parser.close())
@@ -338,76 +447,41 @@ class StreamGuard:
                         acc.setdefault(key, []).extend(val)
                 state.completion_logprobs = acc
 
-    def response(self, endpoint: Endpoint, *, trim: bool) -> dict[str, Any]:
-        """The ``chat.completion`` / ``text_completion`` object vLLM would have answered with.
+    def response(self, endpoint: Endpoint | None = None, *, trim: bool) -> dict[str, Any]:
+        """The answer the engine would have given a non-streaming client (see
+        :mod:`proxy.reassemble`); an aborted block is cut at its onset when ``trim`` is set.
+        ``endpoint`` may only repeat the policy's (chat and completions share a surface)."""
+        if endpoint is not None and endpoint != self.policy.endpoint:
+            raise ValueError(f"this guard relays {self.policy.endpoint}, not {endpoint}")
+        return self.surface.response(self, trim)
 
-        An aborted choice is cut at the detector's ``onset_char`` when ``trim`` is set.
-        """
-        tpl = self.template or {}
-        choices = []
-        for index in range(max(self.n, max(self.choices, default=-1) + 1)):
-            st = self.choices.get(index)
-            if st is None:
-                continue
-            cut = None
-            if trim and st.action == "aborted" and st.verdict is not None:
-                cut = st.verdict.onset_char
-            texts: dict[str, list[str]] = {}
-            tool_args: dict[int, list[str]] = {}
-            for offset, p in st.pieces:
-                text = p.text
-                if cut is not None:
-                    if offset >= cut:
-                        break
-                    if offset + len(text) > cut:
-                        text = text[: cut - offset]
-                if p.channel == "tool":
-                    tool_args.setdefault(p.tool_index, []).append(text)
-                else:
-                    texts.setdefault(p.channel, []).append(text)
-            choice: dict[str, Any] = {"index": index}
-            if endpoint == "chat":
-                message: dict[str, Any] = {"role": "assistant"}
-                message["content"] = "".join(texts["content"]) if "content" in texts else None
-                for key in chunks.REASONING_KEYS:
-                    if key in texts:
-                        message[key] = "".join(texts[key])
-                calls = []
-                for ti in sorted(set(st.tools) | set(tool_args)):
-                    slot = st.tools.get(ti, {})
-                    calls.append(
-                        {
-                            "id": slot.get("id"),
-                            "type": slot.get("type", "function"),
-                            "function": {
-                                "name": slot.get("name"),
-                                "arguments": "".join(tool_args.get(ti, [])),
-                            },
-                        }
-                    )
-                message["tool_calls"] = calls
-                choice["message"] = message
-                choice["logprobs"] = {"content": st.logprobs} if st.logprobs is not None else None
-            else:
-                choice["text"] = "".join(texts.get("text", []))
-                choice["logprobs"] = st.completion_logprobs
-            finish = st.finish_reason
-            if finish == ENGINE_REPETITION and self._map_engine_repetition:
-                finish = self.abort_finish_reason
-            choice["finish_reason"] = finish
-            choice["stop_reason"] = st.stop_reason
-            if st.action == "aborted" and st.verdict is not None:
-                choice["guard"] = chunks.guard_object(st.verdict, st.tokens)
-            choices.append(choice)
-        out: dict[str, Any] = {
-            "id": tpl.get("id"),
-            "object": "chat.completion" if endpoint == "chat" else "text_completion",
-            "created": tpl.get("created"),
-            "model": tpl.get("model"),
-            "choices": choices,
-        }
-        if self.aborted or self.usage is None:
-            out["usage"] = self.final_usage()
-        else:
-            out["usage"] = self.usage
-        return out
+
+def _surface_event(guard: StreamGuard, raw: bytes, data: bytes | None) -> bytes:
+    return guard.surface.event(guard, raw, data)
+
+
+class _ChatSurface:
+    """Chat and completions: the event handler is :meth:`StreamGuard._event` itself."""
+
+    def event(self, guard: StreamGuard, raw: bytes, data: bytes | None) -> bytes:
+        return guard._event(raw, data)
+
+    def failure(self, guard: StreamGuard, error: GuardError) -> bytes:
+        return encode_data(error.to_json()) + DONE_EVENT
+
+    def response(self, guard: StreamGuard, trim: bool) -> dict[str, Any]:
+        from proxy.reassemble import chat_response
+
+        return chat_response(guard, trim=trim)
+
+
+CHAT = _ChatSurface()
+
+
+def surface_for(endpoint: Endpoint) -> Surface:
+    """The surface that relays ``endpoint``."""
+    if endpoint in ("chat", "completions"):
+        return CHAT
+    from proxy.surfaces import SURFACES
+
+    return SURFACES[endpoint]

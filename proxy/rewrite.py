@@ -17,6 +17,13 @@ What is rewritten, and why:
 * per-model sampling defaults — operators know which model needs ``repetition_penalty``.
 * ``stream`` + ``stream_options`` — the proxy always reads a stream, with usage in every chunk,
   so it can stop early and knows exact token counts even for non-streaming clients.
+
+The Responses API (``/v1/responses``) and Anthropic Messages (``/v1/messages``) get the same
+treatment in their own words: ``max_output_tokens`` (default and cap) and ``instructions`` for
+Responses; only the cap on Messages, where ``max_tokens`` is required, and ``system`` (a string
+or a list of blocks). Both are streamed upstream whatever the client asked (their streams carry
+no per-chunk usage, so there are no stream options to add), and sampling defaults are applied
+only for the fields each route passes to the engine (:data:`SURFACE_SAMPLING_FIELDS`).
 """
 
 from __future__ import annotations
@@ -25,19 +32,33 @@ import copy
 import fnmatch
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from proxy.errors import BadRequest
 from proxy.language import identify_language
+from proxy.records import Endpoint
 
 if TYPE_CHECKING:
     from proxy.settings import Settings
 
-Endpoint = Literal["chat", "completions"]
 
 #: The documented default of OpenAI's and vLLM's ``/v1/completions``; made explicit because other
 #: engines (llama.cpp's server) treat a missing limit as "until the context is full".
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+#: Sampling fields vLLM 0.32 reads on each of the newer routes; a default outside these would be
+#: dropped by the engine (Messages forwards only four) or warned about, so it is not added.
+SURFACE_SAMPLING_FIELDS: Mapping[str, frozenset[str]] = {
+    "responses": frozenset(
+        {
+            "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+            "repetition_penalty", "seed", "stop", "stop_token_ids", "logit_bias",
+        }
+    ),
+    "messages": frozenset({"temperature", "top_p", "top_k", "stop_sequences"}),
+}  # fmt: skip
+#: The token-limit field of each newer route.
+_SURFACE_LIMIT = {"responses": "max_output_tokens", "messages": "max_tokens"}
 
 #: Shortest user message (in characters) worth identifying; shorter ones are too often misjudged.
 _MIN_LANGUAGE_CHARS = 20
@@ -133,6 +154,8 @@ def rewrite_request(
     """
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
+    if endpoint in _SURFACE_LIMIT:
+        return _rewrite_surface(dict(body), endpoint, policy)
     out = dict(body)
 
     model = _optional(out, "model", str)
@@ -179,6 +202,108 @@ def rewrite_request(
         structured=_is_structured(out),
         n=n or 1,
     )
+
+
+def _rewrite_surface(out: dict[str, Any], endpoint: Endpoint, policy: RewritePolicy) -> Rewrite:
+    """``rewrite_request`` for ``/v1/responses`` and ``/v1/messages`` (see the module docstring)."""
+    model = _optional(out, "model", str)
+    client_stream = bool(_optional(out, "stream", bool))
+    if endpoint == "responses":
+        value = out.get("input")
+        if not isinstance(value, (str, list)):
+            raise BadRequest("'input' must be a string or an array of input items.", param="input")
+        _optional(out, "instructions", str)
+    else:
+        messages = out.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' must be a non-empty array.", param="messages")
+        system = out.get("system")
+        if system is not None and not isinstance(system, (str, list)):
+            raise BadRequest("'system' must be a string or an array of blocks.", param="system")
+
+    allowed = SURFACE_SAMPLING_FIELDS[endpoint]
+    if policy.sampling_defaults and model is not None:
+        defaults = {
+            pattern: {k: v for k, v in fields.items() if k in allowed}
+            for pattern, fields in policy.sampling_defaults.items()
+        }
+        _apply_sampling_defaults(out, model, defaults)
+    max_tokens, action, header = _limit_surface_tokens(out, endpoint, policy)
+    expected, injected = _constrain_surface_language(out, endpoint, policy.language)
+    out["stream"] = True
+    fmt = out.get("text")
+    fmt = fmt.get("format") if isinstance(fmt, dict) else None
+    structured = isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")
+    return Rewrite(
+        body=out,
+        model=model,
+        client_stream=client_stream,
+        client_wants_usage=True,
+        max_tokens=max_tokens,
+        max_tokens_action=action,
+        max_tokens_header=header,
+        expected_language=expected,
+        injected_language=injected,
+        structured=structured or out.get("structured_outputs") is not None,
+        n=1,
+    )
+
+
+def _limit_surface_tokens(
+    body: dict[str, Any], endpoint: Endpoint, policy: RewritePolicy
+) -> tuple[int, str | None, str]:
+    field = _SURFACE_LIMIT[endpoint]
+    value = _optional(body, field, int)
+    cap = policy.max_tokens_cap
+    if value is None:
+        if endpoint == "messages":
+            raise BadRequest("'max_tokens' is required.", param="max_tokens")
+        limit = min(policy.max_tokens_default, cap)
+        body[field] = limit
+        return limit, "defaulted", f"defaulted; value={limit}"
+    if value < 1:
+        raise BadRequest(f"'{field}' must be at least 1.", param=field)
+    if value <= cap:
+        return value, None, f"unchanged; value={value}"
+    if policy.max_tokens_policy == "reject":
+        raise BadRequest(
+            f"'{field}' is {value}, above this deployment's limit of {cap}.",
+            param=field,
+            code="max_tokens_over_cap",
+        )
+    body[field] = cap
+    return cap, "clamped", f"clamped; value={cap}; requested={value}"
+
+
+def _constrain_surface_language(
+    body: dict[str, Any], endpoint: Endpoint, setting: str
+) -> tuple[str | None, str | None]:
+    """The language constraint in ``instructions`` (Responses) or ``system`` (Messages)."""
+    if setting == "off":
+        return None, None
+    if setting == "auto":
+        # Read the prompt the way chat's is read: Messages turns and Responses input items
+        # are role/content objects whose text parts carry "text".
+        if endpoint == "responses" and isinstance(body["input"], str):
+            code = _detect_prompt_language({"prompt": body["input"]}, "completions")
+        else:
+            turns = body["input"] if endpoint == "responses" else body["messages"]
+            code = _detect_prompt_language({"messages": turns}, "chat")
+        if code is None:
+            return None, None
+    else:
+        code = setting
+    instruction = language_instruction(code)
+    key = "instructions" if endpoint == "responses" else "system"
+    current = body.get(key)
+    if isinstance(current, str) and current:
+        if instruction not in current:
+            body[key] = f"{current}\n\n{instruction}"
+    elif isinstance(current, list):
+        body[key] = [*current, {"type": "text", "text": instruction}]
+    else:
+        body[key] = instruction
+    return code, code
 
 
 def _optional(body: dict[str, Any], field: str, kind: type) -> Any:

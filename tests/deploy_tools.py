@@ -102,6 +102,7 @@ def substitute(expr: str, *, rate_interval: str = "1m", range_: str = "5m") -> s
         .replace("$__range", range_)
         .replace("$model", ".*")
         .replace("$instance", ".*")
+        .replace("$endpoint", ".*")
     )
 
 

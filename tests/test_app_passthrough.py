@@ -80,11 +80,11 @@ def test_metrics_endpoints_render_the_two_registries(
 def test_streaming_bodies_are_relayed_as_they_come(
     fake_upstream: FakeVLLM, proxy_server: ProxyFactory
 ) -> None:
-    """A streamed pass-through answer (Responses API) reaches the client event by event."""
+    """A streamed pass-through answer (named SSE events) reaches the client event by event."""
     words = " ".join(f"w{i}" for i in range(20))
     fake_upstream.script = Script(texts=[words], chunk_delay=0.05)
     base = proxy_server()
-    with httpx.stream("POST", base + "/v1/responses", json={"model": "m", "input": "x"}) as r:
+    with httpx.stream("POST", base + "/v1/stream", json={"model": "m", "input": "x"}) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         chunks = r.iter_raw()
         first = next(chunks)

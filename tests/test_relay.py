@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from proxy.detect import Detector
-from proxy.relay import StreamGuard
+from proxy.relay import GuardPolicy, StreamGuard
 from tests.fakes.vllm import FakeVLLM, Script
 
 STREAMS = sorted((Path(__file__).parent / "streams").glob("*.sse"))
@@ -25,10 +25,8 @@ LOOP = "The answer is the answer. " * 200
 
 
 def guard(**kw: Any) -> StreamGuard:
-    kw.setdefault("mode", "enforce")
-    kw.setdefault("n", 1)
-    kw.setdefault("make_detector", Detector)
-    return StreamGuard(**kw)
+    make_detector = kw.pop("make_detector", Detector)
+    return StreamGuard(GuardPolicy.create(**kw), make_detector)
 
 
 def stream(
@@ -239,7 +237,7 @@ def test_non_streaming_response_is_reassembled() -> None:
 @pytest.mark.parametrize("trim", [True, False])
 def test_non_streaming_abort_trims_from_onset(trim: bool) -> None:
     prefix = "Here is my answer. "
-    g = guard(collect=True)
+    g = guard(collect=True, endpoint="completions")
     g.feed(stream([prefix + LOOP], chat=False))
     resp = g.response("completions", trim=trim)
     [choice] = resp["choices"]

@@ -169,7 +169,7 @@ class FakeVLLM:
         return self.requests[-1]
 
     def guarded_requests(self) -> list[Recorded]:
-        return [r for r in self.requests if r.path.endswith("completions")]
+        return [r for r in self.requests if r.path.split("?")[0] in SURFACE_PATHS]
 
     # ------------------------------------------------------------------ HTTP
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -211,7 +211,7 @@ class FakeVLLM:
         self, rec: Recorded, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> bool:
         path = rec.path.split("?")[0]
-        if path in ("/v1/chat/completions", "/v1/completions") and rec.method == "POST":
+        if path in SURFACE_PATHS and rec.method == "POST":
             return await self._completion(rec, reader, writer, self._next_script())
         if path == "/health":
             return self._send(writer, 200, b"", "text/plain")
@@ -226,18 +226,19 @@ class FakeVLLM:
         if path in ("/tokenize", "/v1/embeddings", "/echo"):
             echo = {"path": rec.path, "method": rec.method, "body": rec.json}
             return self._send(writer, 200, orjson.dumps(echo), extra={"x-fake": "yes"})
-        if path == "/v1/responses" and rec.method == "POST":
-            return await self._responses_stream(rec, reader, writer, self._next_script())
+        if path == "/v1/stream" and rec.method == "POST":
+            return await self._plain_stream(rec, reader, writer, self._next_script())
         return self._send(writer, 404, b'{"detail":"Not Found"}')
 
-    async def _responses_stream(
+    async def _plain_stream(
         self,
         rec: Recorded,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         script: Script,
     ) -> bool:
-        """A streamed Responses-API answer (named SSE events), for the pass-through path."""
+        """A streamed answer on a route the proxy does not guard (named SSE events), for the
+        pass-through path."""
         writer.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
             b"transfer-encoding: chunked\r\n\r\n"
@@ -316,8 +317,14 @@ class FakeVLLM:
             )
             return self._send(writer, 400, err)
         chat = rec.path.startswith("/v1/chat")
+        surface = SURFACE_PATHS[rec.path.split("?")[0]]
         if not req.get("stream"):
-            body = self._non_stream(req, chat, script)
+            if surface == "responses":
+                body = final_response(req, script)
+            elif surface == "messages":
+                body = final_message(req, script)
+            else:
+                body = self._non_stream(req, chat, script)
             return self._send(writer, 200, orjson.dumps(body))
 
         head = (
@@ -343,7 +350,13 @@ class FakeVLLM:
         sizes = list(script.write_sizes or [])
         pending = b""
         try:
-            for i, event in enumerate(self._events(req, chat, script)):
+            if surface == "responses":
+                events = responses_events(req, script)
+            elif surface == "messages":
+                events = messages_events(req, script)
+            else:
+                events = self._events(req, chat, script)
+            for i, event in enumerate(events):
                 delay = script.first_delay if i == 0 else script.chunk_delay
                 if delay and event is not None:
                     with contextlib.suppress(TimeoutError):
@@ -577,6 +590,350 @@ class FakeVLLM:
             "choices": choices,
             "usage": {"prompt_tokens": pt, "total_tokens": pt + total, "completion_tokens": total},
         }
+
+
+SURFACE_PATHS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}
+
+# ---------------------------------------------------------------------- Responses API
+# Shapes recorded from vLLM 0.32 (SmolLM2-135M-Instruct, tests/streams/responses_*.sse): named
+# events, compact JSON with "type" last, sequence numbers from 0, no [DONE]; the terminal event is
+# response.completed even when the status is "incomplete" (max_output_tokens).
+
+RESPONSE_ID = "resp_fake0123456789"
+
+
+def _response_object(req: dict[str, Any], script: Script, status: str) -> dict[str, Any]:
+    return {
+        "id": RESPONSE_ID,
+        "created_at": 1700000000,
+        "incomplete_details": None,
+        "instructions": req.get("instructions"),
+        "metadata": None,
+        "model": req.get("model") or script.model,
+        "object": "response",
+        "output": [],
+        "parallel_tool_calls": True,
+        "temperature": req.get("temperature", 1.0),
+        "tool_choice": "auto" if req.get("tools") else "none",
+        "tools": req.get("tools") or [],
+        "top_p": req.get("top_p", 1.0),
+        "background": False,
+        "max_output_tokens": req.get("max_output_tokens"),
+        "previous_response_id": None,
+        "reasoning": None,
+        "service_tier": "auto",
+        "status": status,
+        "text": None,
+        "truncation": "disabled",
+        "usage": None,
+        "user": None,
+    }
+
+
+def _limited(req: dict[str, Any], script: Script, field: str) -> tuple[list[str], str, bool]:
+    """(tokens, reasoning tokens split off first, whether the limit cut the answer)."""
+    limit = req.get(field)
+    tokens = tokenize(script.texts[0])
+    if isinstance(limit, int) and len(tokens) > limit:
+        return tokens[:limit], "length", True
+    return tokens, script.finish_reason, script.finish_reason == "length"
+
+
+def responses_events(req: dict[str, Any], script: Script) -> list[bytes | None]:
+    """A streamed Responses answer: optional reasoning item, then the message item (or a
+    function_call item when ``script.tool_call`` is set)."""
+    events: list[bytes | None] = []
+    seq = 0
+
+    def emit(obj: dict[str, Any]) -> None:
+        nonlocal seq
+        obj["sequence_number"] = seq
+        seq += 1
+        kind = obj.pop("type")
+        obj["type"] = kind
+        events.append(f"event: {kind}\n".encode() + b"data: " + orjson.dumps(obj) + b"\n\n")
+
+    tokens, finish, cut = _limited(req, script, "max_output_tokens")
+    emit({"type": "response.created", "response": _response_object(req, script, "in_progress")})
+    emit({"type": "response.in_progress", "response": _response_object(req, script, "in_progress")})
+    output: list[dict[str, Any]] = []
+    token_no = 0
+
+    def die_here() -> bool:
+        if script.die_after is not None and token_no >= script.die_after:
+            events.append(None)
+            return True
+        if script.mid_stream_error is not None and token_no >= script.mid_stream_error:
+            emit(
+                {
+                    "type": "error",
+                    "code": "InternalServerError",
+                    "message": "engine failure",
+                    "param": None,
+                }
+            )
+            return True
+        return False
+
+    items: list[tuple[str, list[str]]] = []
+    if script.reasoning:
+        items.append(("reasoning", tokenize(script.reasoning)))
+    if script.tool_call:
+        items.append(("function_call", re.findall(r".{1,6}", script.tool_call[1], re.S)))
+    else:
+        items.append(("message", tokens))
+    for index, (kind, pieces) in enumerate(items):
+        item_id = {"reasoning": "rs_", "message": "msg_", "function_call": "fc_"}[kind] + (
+            f"fake{index:04d}"
+        )
+        if kind == "function_call":
+            assert script.tool_call is not None
+            item: dict[str, Any] = {
+                "arguments": "",
+                "call_id": "call_fake0",
+                "name": script.tool_call[0],
+                "type": "function_call",
+                "id": item_id,
+                "status": "in_progress",
+            }
+            emit({"type": "response.output_item.added", "item": item, "output_index": index})
+            for piece in pieces:
+                token_no += 1
+                emit(
+                    {
+                        "type": "response.function_call_arguments.delta",
+                        "delta": piece,
+                        "item_id": item_id,
+                        "output_index": index,
+                    }
+                )
+                if die_here():
+                    return events
+            args = "".join(pieces)
+            emit(
+                {
+                    "type": "response.function_call_arguments.done",
+                    "arguments": args,
+                    "item_id": item_id,
+                    "name": script.tool_call[0],
+                    "output_index": index,
+                }
+            )
+            done = {**item, "arguments": args, "status": "completed"}
+        else:
+            if kind == "reasoning":
+                item = {
+                    "id": item_id,
+                    "summary": [],
+                    "type": "reasoning",
+                    "content": None,
+                    "encrypted_content": None,
+                    "status": "in_progress",
+                }
+                part: dict[str, Any] = {"text": "", "type": "reasoning_text"}
+                delta_type = "response.reasoning_text.delta"
+            else:
+                item = {
+                    "id": item_id,
+                    "content": [],
+                    "role": "assistant",
+                    "status": "in_progress",
+                    "type": "message",
+                    "phase": None,
+                }
+                part = {"annotations": [], "text": "", "type": "output_text", "logprobs": []}
+                delta_type = "response.output_text.delta"
+            emit({"type": "response.output_item.added", "item": item, "output_index": index})
+            emit(
+                {
+                    "type": "response.content_part.added",
+                    "content_index": 0,
+                    "item_id": item_id,
+                    "output_index": index,
+                    "part": part,
+                }
+            )
+            for piece in pieces:
+                token_no += 1
+                ev: dict[str, Any] = {
+                    "type": delta_type,
+                    "content_index": 0,
+                    "delta": piece,
+                    "item_id": item_id,
+                }
+                if kind == "message":
+                    ev["logprobs"] = []
+                ev["output_index"] = index
+                emit(ev)
+                if die_here():
+                    return events
+            text = "".join(pieces)
+            done_ev: dict[str, Any] = {"content_index": 0, "item_id": item_id}
+            if kind == "message":
+                done_ev["type"] = "response.output_text.done"
+                done_ev["logprobs"] = []
+            else:
+                done_ev["type"] = "response.reasoning_text.done"
+            done_ev["output_index"] = index
+            done_ev["text"] = text
+            emit(done_ev)
+            closed = {**part, "text": text}
+            if kind == "message":
+                closed["logprobs"] = None
+            emit(
+                {
+                    "type": "response.content_part.done",
+                    "content_index": 0,
+                    "item_id": item_id,
+                    "output_index": index,
+                    "part": closed,
+                }
+            )
+            done = {**item, "content": [closed], "status": "completed"}
+        emit({"type": "response.output_item.done", "item": done, "output_index": index})
+        output.append(done)
+    final = final_response(req, script, output=output, tokens=token_no, cut=cut)
+    emit({"type": "response.completed", "response": final})
+    del finish
+    return events
+
+
+def final_response(
+    req: dict[str, Any],
+    script: Script,
+    *,
+    output: list[dict[str, Any]] | None = None,
+    tokens: int | None = None,
+    cut: bool | None = None,
+) -> dict[str, Any]:
+    """The Response object (the terminal event's, or a non-streamed answer)."""
+    if output is None:
+        words, _, cut = _limited(req, script, "max_output_tokens")
+        text = "".join(words)
+        output = [
+            {
+                "id": "msg_fake0000",
+                "content": [
+                    {"annotations": [], "text": text, "type": "output_text", "logprobs": None}
+                ],
+                "role": "assistant",
+                "status": "completed",
+                "type": "message",
+                "phase": None,
+            }
+        ]
+        tokens = len(words)
+    obj = _response_object(req, script, "incomplete" if cut else "completed")
+    if cut:
+        obj["incomplete_details"] = {"reason": "max_output_tokens"}
+    obj["output"] = output
+    pt = script.prompt_tokens
+    obj["usage"] = {
+        "input_tokens": pt,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": tokens or 0,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": pt + (tokens or 0),
+    }
+    return obj
+
+
+# ---------------------------------------------------------------------- Anthropic Messages
+# Shapes recorded from vLLM 0.32 (tests/streams/messages_*.sse): named events, "type" first.
+
+MESSAGE_ID = "chatcmpl-fake0123456789"
+_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def messages_events(req: dict[str, Any], script: Script) -> list[bytes | None]:
+    """A streamed Message: optional thinking block, a text block, optional tool_use block."""
+    events: list[bytes | None] = []
+
+    def emit(kind: str, obj: dict[str, Any]) -> None:
+        events.append(
+            f"event: {kind}\n".encode() + b"data: " + orjson.dumps({"type": kind, **obj}) + b"\n\n"
+        )
+
+    tokens, finish, _ = _limited(req, script, "max_tokens")
+    pt = script.prompt_tokens
+    emit(
+        "message_start",
+        {
+            "message": {
+                "id": MESSAGE_ID,
+                "type": "message",
+                "role": "assistant",
+                "content": [],
+                "model": req.get("model") or script.model,
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": pt, "output_tokens": 0},
+            }
+        },
+    )
+    blocks: list[tuple[dict[str, Any], str, str, list[str]]] = []
+    if script.reasoning:
+        blocks.append(
+            (
+                {"type": "thinking", "thinking": "", "signature": ""},
+                "thinking_delta",
+                "thinking",
+                tokenize(script.reasoning),
+            )
+        )
+    blocks.append(({"type": "text", "text": ""}, "text_delta", "text", tokens))
+    if script.tool_call:
+        name, args = script.tool_call
+        blocks.append(
+            (
+                {"type": "tool_use", "id": "toolu_fake0", "name": name, "input": {}},
+                "input_json_delta",
+                "partial_json",
+                re.findall(r".{1,6}", args, re.S),
+            )
+        )
+        finish = "tool_calls"
+    token_no = 0
+    for index, (start, delta_type, key, pieces) in enumerate(blocks):
+        emit("content_block_start", {"content_block": start, "index": index})
+        for piece in pieces:
+            token_no += 1
+            emit("content_block_delta", {"delta": {"type": delta_type, key: piece}, "index": index})
+            if script.die_after is not None and token_no >= script.die_after:
+                events.append(None)
+                return events
+            if script.mid_stream_error is not None and token_no >= script.mid_stream_error:
+                emit("error", {"error": {"type": "api_error", "message": "engine failure"}})
+                return events
+        emit("content_block_stop", {"index": index})
+    emit(
+        "message_delta",
+        {
+            "delta": {"stop_reason": _STOP_REASONS.get(finish, "end_turn"), "stop_sequence": None},
+            "usage": {"input_tokens": pt, "output_tokens": token_no},
+        },
+    )
+    emit("message_stop", {})
+    return events
+
+
+def final_message(req: dict[str, Any], script: Script) -> dict[str, Any]:
+    """A non-streamed Message as vLLM answers it."""
+    tokens, finish, _ = _limited(req, script, "max_tokens")
+    return {
+        "id": MESSAGE_ID,
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "text", "text": "".join(tokens)}],
+        "model": req.get("model") or script.model,
+        "stop_reason": _STOP_REASONS.get(finish, "end_turn"),
+        "usage": {"input_tokens": script.prompt_tokens, "output_tokens": len(tokens)},
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
