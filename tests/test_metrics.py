@@ -405,7 +405,8 @@ def test_served_with_two_workers_every_scrape_sees_every_request(
     fake_upstream: FakeVLLM, tmp_path: Path
 ) -> None:
     """``coherence-guard serve --workers 2``: whichever worker answers a scrape, it reports the
-    requests both workers handled (each request and scrape on a fresh connection)."""
+    requests both workers handled (each request and scrape on a fresh connection). The model is
+    one the engine lists, so it keeps its own label."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GUARD_", "PROMETHEUS_"))}
     env.update(
@@ -426,6 +427,7 @@ def test_served_with_two_workers_every_scrape_sees_every_request(
         started = wait_healthy(base + "/health", timeout=30, alive=lambda: proc.poll() is None)
         assert started, "serve did not start"
         fake_upstream.script = Script(texts=["A short and healthy answer."])
+        model = fake_upstream.script.model
         mp = tmp_path / "mp"
         n = 0
         # Fresh connections until both workers have handled requests (the kernel picks which
@@ -434,7 +436,7 @@ def test_served_with_two_workers_every_scrape_sees_every_request(
             assert n < 400, "one worker took every connection"
             r = httpx.post(
                 base + "/v1/chat/completions",
-                json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
                 timeout=10,
             )
             assert r.status_code == 200, r.text
@@ -442,7 +444,7 @@ def test_served_with_two_workers_every_scrape_sees_every_request(
         for _ in range(8):
             q = parse(httpx.get(base + "/metrics/quality", timeout=5).content)
             gen = "guard_generations_total"
-            assert value(q, gen, model="m", endpoint="chat", outcome="completed") == n
+            assert value(q, gen, model=model, endpoint="chat", outcome="completed") == n
     finally:
         proc.terminate()
         try:
