@@ -15,9 +15,15 @@ import json
 import sys
 import textwrap
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 MASK = "***"
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password masked (see :func:`proxy.settings.mask_url`)."""
+    from proxy.settings import mask_url as mask
+
+    return mask(url)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,17 +33,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print each variable's current value, its default and what it does",
     )
-
-
-def mask_url(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``; never raises (it also masks
-    URLs that failed validation, for the error message)."""
-    parts = urlsplit(url)
-    userinfo, at, hostport = parts.netloc.rpartition("@")
-    user, colon, _ = userinfo.partition(":")
-    if not at or not colon:
-        return url
-    return urlunsplit(parts._replace(netloc=f"{user}:{MASK}@{hostport}"))
 
 
 def _masked(name: str, value: Any) -> Any:

@@ -22,7 +22,7 @@ import os
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, ValidationError, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
@@ -33,6 +33,7 @@ _ENV = SettingsConfigDict(
     env_prefix="GUARD_", env_file=".env", env_file_encoding="utf-8", extra="ignore", frozen=True
 )
 
+MASK = "***"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 #: The ISO 639-1 codes the language model (fastText ``lid.176``) can answer with; a language it
@@ -42,7 +43,8 @@ _CODES = (
     "af am an ar as av az ba be bg bh bn bo br bs ca ce co cs cv cy da de dv el en eo es et eu "
     "fa fi fr fy ga gd gl gn gu gv he hi hr ht hu hy ia id ie io is it ja jv ka kk km kn ko ku "
     "kv ky la lb li lo lt lv mg mk ml mn mr ms mt my ne nl nn no oc or os pa pl ps pt rm ro ru "
-    "sa sc sd sh si sk sl so sq sr su sv sw ta te tg th tk tl tr tt ug uk ur uz vi wa yi yo zh"
+    "sa sc sd sh si sk sl so sq sr su sv sw ta te tg th tk tl tr tt ug uk ur uz vi wa yi yo zh "
+    "kw qu vo"
 )
 LANGUAGE_CODES = frozenset(_CODES.split(" "))
 
@@ -97,11 +99,22 @@ def _split_list(value: Any) -> Any:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def mask_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``; never raises (it also masks
+    URLs that failed validation, for the error message)."""
+    parts = urlsplit(url)
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    if not at or not colon:
+        return url
+    return urlunsplit(parts._replace(netloc=f"{user}:{MASK}@{hostport}"))
+
+
 def _check_upstream_url(value: str) -> str:
     text = value.strip()
     example = "e.g. http://vllm:8000"
     if "://" not in text:
-        hint = f"; did you mean http://{text}?" if text else ""
+        hint = f"; did you mean http://{mask_url('http://' + text)[7:]}?" if text else ""
         raise ValueError(f"must be an http:// or https:// URL with a host ({example}){hint}")
     parts = urlsplit(text)
     if parts.scheme.lower() not in ("http", "https"):
@@ -115,7 +128,7 @@ def _check_upstream_url(value: str) -> str:
     if parts.query or parts.fragment:
         raise ValueError(f"must not have a query or fragment ({example})")
     if parts.path.rstrip("/").endswith("/v1"):
-        base = text[: text.rstrip("/").rfind("/v1")]
+        base = mask_url(text[: text.rstrip("/").rfind("/v1")])
         raise ValueError(
             f"must be the engine's base URL without /v1 (the proxy forwards each request's "
             f"own /v1/... path); did you mean {base}?"
@@ -350,8 +363,6 @@ def _shown(field: str, value: Any) -> str:
     if field in SECRET_FIELDS:
         return "(value hidden)"
     if field == "upstream_url" and isinstance(value, str):
-        from proxy.serve_config import mask_url
-
         value = mask_url(value)
     if isinstance(value, str):
         return repr(value)

@@ -227,6 +227,58 @@ def test_configured_models_are_admitted_first() -> None:
     assert value(q, gen, model=OTHER, endpoint="chat", outcome="completed") == 1
 
 
+def _models_labelled(m: Metrics) -> dict[str, float]:
+    q = parse(m.render_quality()[0])
+    out: dict[str, float] = {}
+    for (name, labels), v in q.items():
+        if name == "guard_generations_total":
+            model = dict(labels)["model"]
+            out[model] = out.get(model, 0.0) + v
+    return out
+
+
+def test_junk_model_names_cannot_crowd_out_the_engines_models() -> None:
+    """Once the engine's model list is known, names it does not serve are ``other`` however
+    early and often they come, and every model it serves still gets its own label."""
+    m = Metrics(max_models=3)
+    m.set_engine_models(["llama-3.1-8b", "qwen-7b"])
+    for i in range(10):
+        m.record_generation(completed(model=f"junk-{i}"))
+    m.record_generation(completed(model="qwen-7b"))
+    m.record_generation(completed(model="llama-3.1-8b"))
+    assert _models_labelled(m) == {OTHER: 10, "qwen-7b": 1, "llama-3.1-8b": 1}
+    assert m.model_label("junk-0") == OTHER
+
+
+def test_before_the_engine_list_first_come_then_the_list_decides() -> None:
+    """Until the engine's list is read the cap is first-come; from then on a name admitted
+    earlier that the engine does not serve is ``other``, and a listed one takes its place."""
+    m = Metrics(max_models=2)
+    m.record_generation(completed(model="early-junk"))
+    m.record_generation(completed(model="other-junk"))
+    assert m.model_label("real") == OTHER  # cap full, list unknown
+    m.set_engine_models(["real"])
+    assert m.model_label("early-junk") == OTHER
+    assert m.model_label("real") == "real"
+    m.record_generation(completed(model="real"))
+    labelled = _models_labelled(m)
+    assert labelled["real"] == 1
+    assert labelled["early-junk"] == 1  # the series written before stays, frozen
+
+
+def test_models_named_in_sampling_defaults_keep_their_label_when_the_engine_omits_them() -> None:
+    """GUARD_SAMPLING_DEFAULTS names count as known models (say, a LoRA the engine's list does
+    not show); the cap still bounds the total."""
+    from proxy.settings import load_settings
+
+    settings = load_settings(metrics_max_models=2, sampling_defaults={"adapter-a": {"top_k": 5}})
+    m = Metrics.from_settings(settings)
+    m.set_engine_models(["base", "second", "third"])
+    assert m.model_label("adapter-a") == "adapter-a"
+    assert m.model_label("base") == "base"
+    assert m.model_label("second") == OTHER  # two labels already taken
+
+
 def test_signal_label_is_the_detectors_fixed_set(metrics: Metrics) -> None:
     record = aborted()
     summary = record.choices[0].summary
