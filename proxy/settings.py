@@ -348,15 +348,20 @@ class Settings(BaseSettings):
 _CROSS_FIELD = "cross-field: "
 
 
+class _DetectorSettingsBase(BaseSettings):
+    # The configuration must be on the base class: assigned to a model after it is built, it
+    # is not applied, and a .env holding proxy settings was "extra inputs" to the detector.
+    model_config = _ENV
+
+
 def _detector_settings_model() -> type[BaseSettings]:
     fields: dict[str, Any] = {
         f.name: (f.type, f.default) for f in dataclasses.fields(DetectorConfig)
     }
-    return create_model("DetectorSettings", __base__=BaseSettings, **fields)
+    return create_model("DetectorSettings", __base__=_DetectorSettingsBase, **fields)
 
 
 _DetectorSettings = _detector_settings_model()
-_DetectorSettings.model_config = _ENV
 
 
 def _shown(field: str, value: Any) -> str:

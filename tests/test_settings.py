@@ -267,3 +267,14 @@ def test_unknown_guard_variables_are_named_with_the_nearest_setting() -> None:
         {"GUARD_MOD": "monitor", "GUARD_MODE": "off", "GUARD_PUBLISH_PORT": "1", "PATH": "/"}
     )
     assert warnings == ["GUARD_MOD is not a setting (did you mean GUARD_MODE?); ignored"]
+
+
+def test_a_dotenv_with_proxy_settings_does_not_upset_the_detector(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """One .env holds proxy and detector variables; each reader takes its own."""
+    (tmp_path / ".env").write_text(
+        "GUARD_UPSTREAM_URL=http://vllm:8000\nGUARD_DIVERSITY_MIN_RATIO=0.5\nOTHER=1\n"
+    )
+    assert load_settings().upstream_url == "http://vllm:8000"
+    assert load_detector_config().diversity_min_ratio == 0.5
