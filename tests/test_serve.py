@@ -268,14 +268,15 @@ def test_serve_reports_an_engine_that_answers_with_its_models(
 def test_serve_json_logs_with_access_log_and_no_text_of_the_conversation(
     fake_upstream: FakeVLLM, tmp_path: Path
 ) -> None:
-    """GUARD_LOG_FORMAT=json: every line from the parent and the worker (start-up, uvicorn,
-    access, the guard's verdict) is a JSON object with the fixed fields; at debug level with the
-    access log on, neither the prompt nor the completion appears."""
+    """GUARD_LOG_FORMAT=json: every line from the parent and the workers uvicorn spawns
+    (start-up, uvicorn, access, the guard's verdict) is a JSON object with the fixed fields; at
+    debug level with the access log on, neither the prompt nor the completion appears."""
     loop = "the cat sat on the mat. " * 200
     fake_upstream.script = Script(texts=[loop])
     port = free_port()
     proc = _serve(
-        ["--port", str(port), "--upstream", fake_upstream.url, "--log-level", "debug"],
+        ["--port", str(port), "--upstream", fake_upstream.url, "--log-level", "debug"]
+        + ["--workers", "2"],
         tmp_path,
         GUARD_LOG_FORMAT="json",
         GUARD_ACCESS_LOG="true",
@@ -284,8 +285,7 @@ def test_serve_json_logs_with_access_log_and_no_text_of_the_conversation(
     err = _Stderr(proc)
     base = f"http://127.0.0.1:{port}"
     try:
-        err.wait_for(lambda line: "Application startup complete" in line)
-        assert httpx.get(base + "/health").status_code == 200
+        assert wait_healthy(base + "/health", timeout=30, alive=lambda: proc.poll() is None)
         prompt = "zebra-quartz-pineapple secret question"
         r = httpx.post(
             base + "/v1/chat/completions",
@@ -297,7 +297,7 @@ def test_serve_json_logs_with_access_log_and_no_text_of_the_conversation(
         assert json.loads(access)["status"] == 200
     finally:
         _stop(proc, err)
-    err.wait_for(lambda line: "Finished server process" in line)
+    err.wait_for(lambda line: "Stopping parent process" in line)
     records = [json.loads(line) for line in err.lines]
     for rec in records:
         assert {"ts", "level", "logger", "message", "request_id"} <= rec.keys()
