@@ -22,7 +22,7 @@ from proxy.settings import Settings
 
 SETTINGS_HELP: dict[str, str] = {
     "upstream_url": "Base URL of the OpenAI-compatible engine the proxy fronts (vLLM, ...): "
-    "http(s)://HOST:PORT, without /v1.",
+    "http(s)://HOST:PORT (a trailing /v1 is dropped: the proxy forwards whole paths).",
     "host": "Address the proxy listens on.",
     "port": "Port the proxy listens on.",
     "workers": "uvicorn worker processes; above 1, metrics switch to prometheus-client "

@@ -182,25 +182,40 @@ def _probe_verify(settings: Settings) -> Any:
 
 
 def create_served_app() -> Any:
-    """The app factory uvicorn calls in each worker: the app of :func:`proxy.app.create_app`
-    plus the engine monitor as a background task of its lifespan."""
+    """The app factory uvicorn calls in each worker: :func:`proxy.app.create_app` plus the
+    engine monitor as a background task of its lifespan (started after the app's own start-up,
+    cancelled before its shutdown; it never delays start-up).
+
+    Only public pieces are used (``create_app(settings, metrics=...)`` and Starlette's
+    ``router.lifespan_context``), and the monitor has its own small client, so the app's
+    internals can change freely. Logging is already configured: uvicorn applied
+    :func:`proxy.logs.logging_config` in this worker before calling the factory.
+    """
     import asyncio
 
-    from proxy.app import create_app_from_env
+    import httpx
+
+    from proxy.app import create_app
+    from proxy.metrics import Metrics
+    from proxy.settings import load_settings
     from proxy.vllm_config import upstream_headers, watch_engine
 
-    app = create_app_from_env()
-    settings = app.state.settings
+    settings = load_settings()
+    metrics = Metrics.from_settings(settings)
+    app = create_app(settings, metrics=metrics)
     inner = app.router.lifespan_context
 
     @contextlib.asynccontextmanager
     async def lifespan(a: Any) -> AsyncIterator[Any]:
-        async with inner(a) as state:
+        async with (
+            inner(a) as state,
+            httpx.AsyncClient(verify=_probe_verify(settings), trust_env=False) as client,
+        ):
             monitor = asyncio.create_task(
                 watch_engine(
-                    app.state.proxy.client,
+                    client,
                     settings.upstream_url,
-                    app.state.metrics,
+                    metrics,
                     settings.upstream_check_interval,
                     headers=upstream_headers(settings),
                 )

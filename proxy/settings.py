@@ -128,11 +128,9 @@ def _check_upstream_url(value: str) -> str:
     if parts.query or parts.fragment:
         raise ValueError(f"must not have a query or fragment ({example})")
     if parts.path.rstrip("/").endswith("/v1"):
-        base = mask_url(text[: text.rstrip("/").rfind("/v1")])
-        raise ValueError(
-            f"must be the engine's base URL without /v1 (the proxy forwards each request's "
-            f"own /v1/... path); did you mean {base}?"
-        )
+        # Given the OpenAI way (base_url ends in /v1): the proxy forwards whole paths
+        # (/v1/..., /health), so the engine's root is meant.
+        return text.rstrip("/")[: -len("/v1")]
     return text
 
 

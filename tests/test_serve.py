@@ -274,9 +274,9 @@ def test_serve_json_logs_with_access_log_and_no_text_of_the_conversation(
     loop = "the cat sat on the mat. " * 200
     fake_upstream.script = Script(texts=[loop])
     port = free_port()
+    args = ["--port", str(port), "--upstream", fake_upstream.url, "--workers", "2"]
     proc = _serve(
-        ["--port", str(port), "--upstream", fake_upstream.url, "--log-level", "debug"]
-        + ["--workers", "2"],
+        [*args, "--log-level", "debug"],
         tmp_path,
         GUARD_LOG_FORMAT="json",
         GUARD_ACCESS_LOG="true",
