@@ -295,7 +295,11 @@ class Settings(BaseSettings):
     def _consistent(self) -> Settings:
         """Combinations that are each valid alone but cannot be what the operator meant."""
         problems = []
-        if self.max_tokens_default > self.max_tokens_cap:
+        # Only a default the operator set: with the cap alone lowered, the default is the cap
+        # (rewriting takes the smaller), which is what "limit everything to N" means.
+        if "max_tokens_default" in self.model_fields_set and (
+            self.max_tokens_default > self.max_tokens_cap
+        ):
             problems.append(
                 f"GUARD_MAX_TOKENS_DEFAULT={self.max_tokens_default} is above "
                 f"GUARD_MAX_TOKENS_CAP={self.max_tokens_cap}: the default must be at most the cap"

@@ -237,6 +237,13 @@ def test_cross_field_problems(
     assert any(expected in p for p in problems), problems
 
 
+def test_a_lowered_cap_alone_is_not_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a default the operator set above the cap is a contradiction; with the cap alone
+    lowered the default request limit is the cap."""
+    monkeypatch.setenv("GUARD_MAX_TOKENS_CAP", "1000")
+    assert load_settings().max_tokens_cap == 1000
+
+
 def test_several_problems_are_all_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     problems = problems_for(
         monkeypatch, GUARD_LOG_LEVEL="loud", GUARD_LANGUAGE="english", GUARD_PORT="0"
