@@ -244,8 +244,10 @@ def _serve(settings: Settings) -> None:
         workers=settings.workers,
         loop="uvloop",
         http="httptools",
+        # Levels come from log_config alone: uvicorn's own log_level would also lower the
+        # access log to GUARD_LOG_LEVEL, and an access log asked for must not vanish at warning.
         log_config=logging_config(settings),
-        log_level=settings.log_level,
+        log_level=None,
         access_log=settings.access_log,
         timeout_graceful_shutdown=10,
     )

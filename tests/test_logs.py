@@ -156,6 +156,10 @@ def test_logging_config_is_plain_data_uvicorn_can_hand_to_workers() -> None:
     """uvicorn pickles its Config (with log_config) into each spawned worker."""
     import pickle
 
-    config = logging_config(_settings(log_format="json", access_log=True))
+    config = logging_config(_settings(log_format="json", access_log=True, log_level="error"))
     assert pickle.loads(pickle.dumps(config)) == config
-    assert config["loggers"]["uvicorn.access"]["handlers"] == ["guard"]
+    assert config["loggers"]["uvicorn.access"] == {
+        "handlers": ["guard"],
+        "level": "INFO",  # asked for: written whatever GUARD_LOG_LEVEL says
+        "propagate": False,
+    }

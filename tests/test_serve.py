@@ -376,3 +376,27 @@ def test_serve_with_workers_removes_the_metrics_directory_it_made(
         proc.terminate()
         assert proc.wait(15) == 0
     assert not list(tmp.glob("coherence-guard-metrics-*"))
+
+
+def test_access_log_asked_for_is_written_at_warning_level(
+    fake_upstream: FakeVLLM, tmp_path: Path
+) -> None:
+    """GUARD_LOG_LEVEL=warning silences the info lines, not the access log switched on."""
+    port = free_port()
+    proc = _serve(
+        ["--port", str(port), "--upstream", fake_upstream.url],
+        tmp_path,
+        GUARD_LOG_LEVEL="warning",
+        GUARD_ACCESS_LOG="true",
+        GUARD_UPSTREAM_CHECK_INTERVAL="0",
+    )
+    err = _Stderr(proc)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_healthy(base + "/health", timeout=30, alive=lambda: proc.poll() is None)
+        line = err.wait_for(lambda line: "uvicorn.access" in line)
+        assert '"GET /health HTTP/1.1" 200' in line
+    finally:
+        _stop(proc, err)
+    others = [line for line in err.lines if " INFO " in line and "uvicorn.access" not in line]
+    assert others == []
