@@ -386,10 +386,11 @@ def _problems(exc: ValidationError) -> list[str]:
     problems: list[str] = []
     for err in exc.errors():
         loc = err["loc"]
-        msg = _message(err["msg"])
         if not loc:  # a model validator: its message names the variables itself
-            problems += msg.removeprefix(_CROSS_FIELD).split(" | ")
+            text = err["msg"].removeprefix("Value error, ").removeprefix(_CROSS_FIELD)
+            problems += text.split(" | ")
             continue
+        msg = _message(err["msg"])
         field = str(loc[0])
         name = "GUARD_" + field.upper()
         if len(loc) > 1:  # inside a list or object: say where, show the part
