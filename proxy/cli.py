@@ -15,7 +15,10 @@ from collections.abc import Sequence
 
 _COMMANDS = {
     "serve": ("proxy.serve", "run the proxy"),
-    "config": ("proxy.serve_config", "print the effective configuration (secrets masked)"),
+    "config": (
+        "proxy.serve_config",
+        "print the effective configuration, secrets masked (--explain: what each variable does)",
+    ),
     "score": ("proxy.scoring", "run the detector offline over a JSONL file of texts"),
     "check": ("proxy.check", "three-tier coherence check of a deployment"),
 }
