@@ -25,7 +25,12 @@ _COMMANDS = {
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="coherence-guard", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="coherence-guard",
+        description="Coherence Guard: a streaming proxy in front of vLLM (or any "
+        "OpenAI-compatible engine) that stops degenerate generations at the engine.",
+        epilog="coherence-guard COMMAND --help explains each command.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module, help_text) in _COMMANDS.items():
         sp = sub.add_parser(name, help=help_text)
