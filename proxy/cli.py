@@ -15,14 +15,22 @@ from collections.abc import Sequence
 
 _COMMANDS = {
     "serve": ("proxy.serve", "run the proxy"),
-    "config": ("proxy.serve_config", "print the effective configuration (secrets masked)"),
+    "config": (
+        "proxy.serve_config",
+        "print the effective configuration, secrets masked (--explain: what each variable does)",
+    ),
     "score": ("proxy.scoring", "run the detector offline over a JSONL file of texts"),
     "check": ("proxy.check", "three-tier coherence check of a deployment"),
 }
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="coherence-guard", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="coherence-guard",
+        description="Coherence Guard: a streaming proxy in front of vLLM (or any "
+        "OpenAI-compatible engine) that stops degenerate generations at the engine.",
+        epilog="coherence-guard COMMAND --help explains each command.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module, help_text) in _COMMANDS.items():
         sp = sub.add_parser(name, help=help_text)

@@ -17,7 +17,9 @@ Hot-path rules this module keeps:
   ``SIGNALS``); anything else is ``other``. Free-form values (model names, languages, routes)
   pass through :class:`CappedLabel`: the first N distinct values are kept, anything after
   that, or anything that does not look like a label value, becomes ``other``, so a client
-  sending random model names cannot blow up the series count.
+  sending random model names cannot blow up the series count. Model names are bounded further
+  by the engine's own ``/v1/models`` once the engine watcher has read it
+  (:meth:`Metrics.set_engine_models`): a name the engine does not serve is ``other``.
 
 With ``--workers N > 1`` each worker is its own process and would expose only its own counts;
 prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set up by
@@ -114,13 +116,19 @@ class CappedLabel:
     ``initial`` values (configured models, say) are admitted up front and count toward the cap.
     Values that do not look like identifiers (spaces, control characters, > 128 chars) are
     ``other`` straight away: they are almost always junk sent by a client.
+
+    Once :meth:`restrict` names the values that may exist (the models the engine lists), only
+    those get a label of their own, so junk cannot take the cap's places before real values
+    arrive; values already admitted that are not in it become ``other`` from then on (their
+    existing series stay, frozen).
     """
 
-    __slots__ = ("_cap", "_seen")
+    __slots__ = ("_allowed", "_cap", "_seen")
 
     def __init__(self, cap: int, initial: Iterable[str] = ()) -> None:
         self._cap = cap
         self._seen: set[str] = set()
+        self._allowed: frozenset[str] | None = None
         for value in initial:
             self(value)
 
@@ -131,8 +139,15 @@ class CappedLabel:
             return value
         if len(self._seen) >= self._cap or not _LABEL_VALUE.fullmatch(value):
             return OTHER
+        if self._allowed is not None and value not in self._allowed:
+            return OTHER
         self._seen.add(value)
         return value
+
+    def restrict(self, allowed: Iterable[str]) -> None:
+        """From now on only ``allowed`` values get a label (still at most ``cap`` of them)."""
+        self._allowed = frozenset(allowed)
+        self._seen &= self._allowed
 
     @property
     def seen(self) -> frozenset[str]:
@@ -217,6 +232,8 @@ class Metrics:
         self.quality_registry = CollectorRegistry(auto_describe=True)
         self.infra_registry = CollectorRegistry(auto_describe=True)
         self._model = CappedLabel(max_models, models)
+        self._configured_models = tuple(models)
+        self._engine_models: frozenset[str] | None = None
         self._language = CappedLabel(32)
         self._route = CappedLabel(32)
         self._dtype = CappedLabel(8)
@@ -407,6 +424,16 @@ class Metrics:
         return generate_latest(self._render_infra), CONTENT_TYPE
 
     # -- quality plane -----------------------------------------------------------------------
+
+    def set_engine_models(self, models: Iterable[str]) -> None:
+        """The models the engine lists (``/v1/models``): from now on only these and the ones
+        configured (GUARD_SAMPLING_DEFAULTS) get a ``model`` label; anything else is ``other``.
+        Called by the engine watcher on every successful read; a no-op when nothing changed."""
+        listed = frozenset(models)
+        if listed == self._engine_models:
+            return
+        self._engine_models = listed
+        self._model.restrict(listed | set(self._configured_models))
 
     def model_label(self, model: str | None) -> str:
         """The label value ``model`` gets (capped); exposed for callers that cache per model."""

@@ -3,18 +3,31 @@
 Command-line flags win over ``GUARD_*`` variables. They are handed to the server as
 environment variables, so every worker process (``--workers N``) builds the same settings
 through the same validation.
+
+Start-up happens in this order, all in the parent process before uvicorn starts a worker: the
+configuration is validated (a bad value exits with status 2 and one line naming it), logging is
+configured (the same dictionary is uvicorn's ``log_config``, so every worker logs the same way),
+and a report says which engine is used (and whether that is the default), whether it answers
+and which models it serves. An engine that does not answer does not stop the proxy: it starts,
+answers 502, and each worker's engine monitor (:func:`proxy.vllm_config.watch_engine`) keeps
+saying so until the engine answers.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import shutil
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from proxy.settings import Settings
+
+log = logging.getLogger("proxy.serve")
 
 _FLAGS = {
     "host": "GUARD_HOST",
@@ -25,31 +38,80 @@ _FLAGS = {
     "log_level": "GUARD_LOG_LEVEL",
 }
 
+DESCRIPTION = """\
+Run the proxy: clients talk to it instead of the engine (http://HOST:PORT/v1), and every
+/v1/chat/completions and /v1/completions stream passes through the degeneration detector.
+"""
+
+EPILOG = """\
+modes (--mode, GUARD_MODE):
+  enforce   abort a degenerate generation at the engine (the engine frees its slot) and end
+            the client's stream with finish_reason GUARD_ABORT_FINISH_REASON (default)
+  monitor   detect and count in /metrics/quality, never change a byte the client gets
+  off       relay the engine's answer as it is (request rewriting still applies)
+
+Every flag has a GUARD_* variable (flags win); all other settings are GUARD_* variables or
+lines in ./.env. See what each one does and its current value with
+  coherence-guard config --explain
+Without --upstream or GUARD_UPSTREAM_URL the engine is http://127.0.0.1:8000.
+"""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = DESCRIPTION
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--host", help="address to listen on (GUARD_HOST, default 0.0.0.0)")
     parser.add_argument("--port", type=int, help="port to listen on (GUARD_PORT, default 8080)")
     parser.add_argument(
-        "--upstream", metavar="URL", help="the engine, e.g. http://HOST:8000 (GUARD_UPSTREAM_URL)"
+        "--upstream",
+        metavar="URL",
+        help="the engine, e.g. http://HOST:8000 (GUARD_UPSTREAM_URL, default "
+        "http://127.0.0.1:8000)",
     )
     parser.add_argument("--workers", type=int, help="worker processes (GUARD_WORKERS, default 1)")
-    parser.add_argument("--mode", choices=("enforce", "monitor", "off"), help="GUARD_MODE")
-    parser.add_argument("--log-level", help="GUARD_LOG_LEVEL (default info)")
+    parser.add_argument(
+        "--mode",
+        choices=("enforce", "monitor", "off"),
+        help="what to do with a degenerate generation (GUARD_MODE, default enforce; see below)",
+    )
+    parser.add_argument(
+        "--log-level",
+        metavar="LEVEL",
+        help="debug, info, warning, error or critical (GUARD_LOG_LEVEL, default info)",
+    )
+
+
+def _flag_note(problem: str, given: dict[str, str]) -> str:
+    for var, flag in given.items():
+        if problem.startswith(var + "=") or problem.startswith(var + ":"):
+            return f"{problem} (from {flag})"
+    return problem
 
 
 def run(args: argparse.Namespace) -> int:
-    from proxy.settings import ConfigError, load_detector_config, load_settings
+    from proxy.settings import ConfigError, load_detector_config, load_settings, unknown_variables
 
+    given: dict[str, str] = {}
     for attr, var in _FLAGS.items():
         value = getattr(args, attr, None)
         if value is not None:
             os.environ[var] = str(value)
+            given[var] = "--" + attr.replace("_", "-")
     try:
         settings = load_settings()
         load_detector_config()
     except ConfigError as exc:
-        print(f"coherence-guard: {exc}", file=sys.stderr)
+        problems = "; ".join(_flag_note(p, given) for p in exc.problems)
+        print(f"coherence-guard: invalid configuration: {problems}", file=sys.stderr)
         return 2
+
+    from proxy.logs import configure_logging
+
+    configure_logging(settings)
+    for warning in unknown_variables():
+        log.warning("%s", warning)
+    report_startup(settings, upstream_given="GUARD_UPSTREAM_URL" in os.environ)
 
     from proxy.metrics import MULTIPROC_ENV, prepare_multiprocess
 
@@ -65,18 +127,127 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _upstream_given_in_dotenv() -> bool:
+    with contextlib.suppress(OSError), open(".env", encoding="utf-8") as fh:
+        return any(line.strip().startswith("GUARD_UPSTREAM_URL=") for line in fh)
+    return False
+
+
+def report_startup(settings: Settings, *, upstream_given: bool) -> None:
+    """Log what the proxy will use: engine (default or not), whether it answers, its models."""
+    import httpx
+
+    from proxy.serve_config import mask_url
+    from proxy.vllm_config import describe_models, probe_engine_sync, upstream_headers
+
+    url = mask_url(settings.upstream_url)
+    given = upstream_given or _upstream_given_in_dotenv()
+    source = "" if given else " (the default: neither --upstream nor GUARD_UPSTREAM_URL is set)"
+    log.info(
+        "coherence-guard on %s:%d, %d worker(s), mode=%s; engine %s%s",
+        settings.host,
+        settings.port,
+        settings.workers,
+        settings.mode,
+        url,
+        source,
+    )
+    with httpx.Client(verify=_probe_verify(settings), trust_env=False) as client:
+        status = probe_engine_sync(client, settings.upstream_url, upstream_headers(settings))
+    if status.answers:
+        log.info(
+            "engine at %s answers (%s; %s)", url, status.detail, describe_models(status.models)
+        )
+    else:
+        log.warning(
+            "engine at %s does not answer: %s; starting anyway: guarded requests get 502 until "
+            "it does%s",
+            url,
+            status.detail,
+            "" if given else " (give the engine with --upstream URL)",
+        )
+
+
+def _probe_verify(settings: Settings) -> Any:
+    """The TLS verification the start-up probe uses: the same CA and client certificate
+    settings as the proxy's own clients."""
+    import ssl
+
+    if not settings.upstream_tls_verify:
+        return False
+    context = ssl.create_default_context(cafile=settings.upstream_ca_bundle)
+    if settings.upstream_client_cert:
+        context.load_cert_chain(settings.upstream_client_cert, settings.upstream_client_key)
+    return context
+
+
+def create_served_app() -> Any:
+    """The app factory uvicorn calls in each worker: :func:`proxy.app.create_app` plus the
+    engine monitor as a background task of its lifespan (started after the app's own start-up,
+    cancelled before its shutdown; it never delays start-up).
+
+    Only public pieces are used (``create_app(settings, metrics=...)`` and Starlette's
+    ``router.lifespan_context``), and the monitor has its own small client, so the app's
+    internals can change freely. Logging is already configured: uvicorn applied
+    :func:`proxy.logs.logging_config` in this worker before calling the factory.
+    """
+    import asyncio
+
+    import httpx
+
+    from proxy.app import create_app
+    from proxy.metrics import Metrics
+    from proxy.settings import load_settings
+    from proxy.vllm_config import upstream_headers, watch_engine
+
+    settings = load_settings()
+    metrics = Metrics.from_settings(settings)
+    app = create_app(settings, metrics=metrics)
+    inner = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(a: Any) -> AsyncIterator[Any]:
+        async with (
+            inner(a) as state,
+            httpx.AsyncClient(verify=_probe_verify(settings), trust_env=False) as client,
+        ):
+            monitor = asyncio.create_task(
+                watch_engine(
+                    client,
+                    settings.upstream_url,
+                    metrics,
+                    settings.upstream_check_interval,
+                    headers=upstream_headers(settings),
+                )
+            )
+            try:
+                yield state
+            finally:
+                monitor.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await monitor
+
+    app.router.lifespan_context = lifespan
+    return app
+
+
 def _serve(settings: Settings) -> None:
     import uvicorn
 
+    from proxy.logs import logging_config
+
     uvicorn.run(
-        "proxy.app:create_app_from_env",
+        "proxy.serve:create_served_app",
         factory=True,
         host=settings.host,
         port=settings.port,
         workers=settings.workers,
         loop="uvloop",
         http="httptools",
-        log_level=settings.log_level.lower(),
-        access_log=False,
+        # Levels come from log_config alone: uvicorn's own log_level would also lower the
+        # access log to GUARD_LOG_LEVEL, and an access log asked for must not vanish at warning.
+        log_config=logging_config(settings),
+        log_level=None,
+        access_log=settings.access_log,
         timeout_graceful_shutdown=10,
     )

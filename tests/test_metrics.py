@@ -227,6 +227,58 @@ def test_configured_models_are_admitted_first() -> None:
     assert value(q, gen, model=OTHER, endpoint="chat", outcome="completed") == 1
 
 
+def _models_labelled(m: Metrics) -> dict[str, float]:
+    q = parse(m.render_quality()[0])
+    out: dict[str, float] = {}
+    for (name, labels), v in q.items():
+        if name == "guard_generations_total":
+            model = dict(labels)["model"]
+            out[model] = out.get(model, 0.0) + v
+    return out
+
+
+def test_junk_model_names_cannot_crowd_out_the_engines_models() -> None:
+    """Once the engine's model list is known, names it does not serve are ``other`` however
+    early and often they come, and every model it serves still gets its own label."""
+    m = Metrics(max_models=3)
+    m.set_engine_models(["llama-3.1-8b", "qwen-7b"])
+    for i in range(10):
+        m.record_generation(completed(model=f"junk-{i}"))
+    m.record_generation(completed(model="qwen-7b"))
+    m.record_generation(completed(model="llama-3.1-8b"))
+    assert _models_labelled(m) == {OTHER: 10, "qwen-7b": 1, "llama-3.1-8b": 1}
+    assert m.model_label("junk-0") == OTHER
+
+
+def test_before_the_engine_list_first_come_then_the_list_decides() -> None:
+    """Until the engine's list is read the cap is first-come; from then on a name admitted
+    earlier that the engine does not serve is ``other``, and a listed one takes its place."""
+    m = Metrics(max_models=2)
+    m.record_generation(completed(model="early-junk"))
+    m.record_generation(completed(model="other-junk"))
+    assert m.model_label("real") == OTHER  # cap full, list unknown
+    m.set_engine_models(["real"])
+    assert m.model_label("early-junk") == OTHER
+    assert m.model_label("real") == "real"
+    m.record_generation(completed(model="real"))
+    labelled = _models_labelled(m)
+    assert labelled["real"] == 1
+    assert labelled["early-junk"] == 1  # the series written before stays, frozen
+
+
+def test_models_named_in_sampling_defaults_keep_their_label_when_the_engine_omits_them() -> None:
+    """GUARD_SAMPLING_DEFAULTS names count as known models (say, a LoRA the engine's list does
+    not show); the cap still bounds the total."""
+    from proxy.settings import load_settings
+
+    settings = load_settings(metrics_max_models=2, sampling_defaults={"adapter-a": {"top_k": 5}})
+    m = Metrics.from_settings(settings)
+    m.set_engine_models(["base", "second", "third"])
+    assert m.model_label("adapter-a") == "adapter-a"
+    assert m.model_label("base") == "base"
+    assert m.model_label("second") == OTHER  # two labels already taken
+
+
 def test_signal_label_is_the_detectors_fixed_set(metrics: Metrics) -> None:
     record = aborted()
     summary = record.choices[0].summary
@@ -405,7 +457,8 @@ def test_served_with_two_workers_every_scrape_sees_every_request(
     fake_upstream: FakeVLLM, tmp_path: Path
 ) -> None:
     """``coherence-guard serve --workers 2``: whichever worker answers a scrape, it reports the
-    requests both workers handled (each request and scrape on a fresh connection)."""
+    requests both workers handled (each request and scrape on a fresh connection). The model is
+    one the engine lists, so it keeps its own label."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GUARD_", "PROMETHEUS_"))}
     env.update(
@@ -426,6 +479,7 @@ def test_served_with_two_workers_every_scrape_sees_every_request(
         started = wait_healthy(base + "/health", timeout=30, alive=lambda: proc.poll() is None)
         assert started, "serve did not start"
         fake_upstream.script = Script(texts=["A short and healthy answer."])
+        model = fake_upstream.script.model
         mp = tmp_path / "mp"
         n = 0
         # Fresh connections until both workers have handled requests (the kernel picks which
@@ -434,7 +488,7 @@ def test_served_with_two_workers_every_scrape_sees_every_request(
             assert n < 400, "one worker took every connection"
             r = httpx.post(
                 base + "/v1/chat/completions",
-                json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
                 timeout=10,
             )
             assert r.status_code == 200, r.text
@@ -442,7 +496,7 @@ def test_served_with_two_workers_every_scrape_sees_every_request(
         for _ in range(8):
             q = parse(httpx.get(base + "/metrics/quality", timeout=5).content)
             gen = "guard_generations_total"
-            assert value(q, gen, model="m", endpoint="chat", outcome="completed") == n
+            assert value(q, gen, model=model, endpoint="chat", outcome="completed") == n
     finally:
         proc.terminate()
         try:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -50,6 +53,259 @@ def test_bad_configuration_exits_2_naming_the_variable(command: list[str]) -> No
     assert out.returncode == 2
     assert "GUARD_MAX_TOKENS_CAP" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+BAD = [
+    ({"GUARD_UPSTREAM_URL": "vllm:8000"}, "GUARD_UPSTREAM_URL='vllm:8000'", "http://vllm:8000"),
+    ({"GUARD_LOG_LEVEL": "verbose"}, "GUARD_LOG_LEVEL='verbose'", "'critical'"),
+    ({"GUARD_LANGUAGE": "english"}, "GUARD_LANGUAGE='english'", "did you mean en?"),
+    ({"GUARD_API_KEYS": '["key1",'}, "GUARD_API_KEYS=(value hidden)", "k1,k2"),
+    ({"GUARD_SAMPLING_DEFAULTS": "{x"}, "GUARD_SAMPLING_DEFAULTS='{x'", "JSON object"),
+    (
+        {"GUARD_MAX_TOKENS_DEFAULT": "40000"},
+        "GUARD_MAX_TOKENS_DEFAULT=40000",
+        "GUARD_MAX_TOKENS_CAP",
+    ),
+    ({"GUARD_ENTROPY_MAX_NATS": "low"}, "GUARD_ENTROPY_MAX_NATS='low'", "number"),
+]
+
+
+@pytest.mark.parametrize("command", ["config", "serve"])
+@pytest.mark.parametrize(("env", "names", "allowed"), BAD, ids=[next(iter(b[0])) for b in BAD])
+def test_every_bad_value_is_one_line_and_exit_2(
+    command: str, env: dict[str, str], names: str, allowed: str, tmp_path: Path
+) -> None:
+    """Checked in the parent process, before uvicorn starts a worker: one line on stderr that
+    names the variable, shows the value and says what is allowed; no traceback."""
+    args = [command, "--port", str(free_port())] if command == "serve" else [command]
+    out = subprocess.run(
+        [*CLI, *args], env=_env(**env), capture_output=True, text=True, cwd=tmp_path, timeout=30
+    )
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("coherence-guard: invalid configuration: ")
+    assert names in lines[0] and allowed in lines[0]
+    assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+def test_a_bad_flag_value_names_the_flag_too(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [*CLI, "serve", "--log-level", "verbose"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=30,
+    )
+    assert out.returncode == 2
+    assert "GUARD_LOG_LEVEL='verbose'" in out.stderr and "(from --log-level)" in out.stderr
+
+
+def test_comma_separated_keys_are_accepted_and_masked(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [*CLI, "config", "--json"],
+        env=_env(GUARD_API_KEYS="key1,key2"),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["GUARD_API_KEYS"] == ["***", "***"]
+    assert "key1" not in out.stdout
+
+
+def test_config_warns_about_a_misspelt_variable(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [*CLI, "config"],
+        env=_env(GUARD_MOD="monitor"),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0
+    assert "GUARD_MOD is not a setting (did you mean GUARD_MODE?)" in out.stderr
+    assert "GUARD_MODE=enforce" in out.stdout.splitlines()
+
+
+def test_config_explain_says_what_every_variable_does(tmp_path: Path) -> None:
+    from proxy.explain import meanings
+
+    out = subprocess.run(
+        [*CLI, "config", "--explain"],
+        env=_env(GUARD_MODE="monitor", GUARD_API_KEYS="sk-secret"),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "GUARD_MODE=monitor   (default enforce)" in text.splitlines()
+    assert "sk-secret" not in text
+    known = meanings()
+    assert len(known) > 70
+    for name, meaning in known.items():
+        assert f"\n{name}=" in "\n" + text, name
+        assert meaning.split()[0] in text
+    # the meaning follows its variable, indented
+    after = text.split("GUARD_MODE=monitor", 1)[1].splitlines()[1]
+    assert after.startswith("    enforce: abort degenerate generations")
+
+
+def test_serve_help_explains_the_modes_and_points_at_config_explain() -> None:
+    out = subprocess.run([*CLI, "serve", "--help"], capture_output=True, text=True, env=_env())
+    assert out.returncode == 0
+    for word in ("enforce", "monitor", "off", "coherence-guard config --explain", "127.0.0.1:8000"):
+        assert word in out.stdout
+
+
+class _Stderr:
+    """The lines a child process writes to stderr, read by a thread so the pipe never fills."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stderr is not None
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str] = queue.Queue()
+        self._thread = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self._queue.put(line.rstrip("\n"))
+        stream.close()
+
+    def close(self) -> None:
+        """After the process ended: the reader has seen the end of the pipe."""
+        self._thread.join(10)
+
+    def wait_for(self, predicate: Callable[[str], bool], timeout: float = 20) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, "not logged:\n" + "\n".join(self.lines)
+            try:
+                line = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            self.lines.append(line)
+            if predicate(line):
+                return line
+
+
+def _serve(args: list[str], cwd: Path, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*CLI, "serve", "--host", "127.0.0.1", *args],
+        env=_env(GUARD_UPSTREAM_METRICS_INTERVAL="0", **env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+    )
+
+
+def _stop(proc: subprocess.Popen[str], err: _Stderr) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    err.close()
+
+
+def test_serve_keeps_saying_the_engine_is_down_until_it_answers(
+    tmp_path: Path,
+) -> None:
+    """An engine that does not answer is reported at start-up and at every check, and its
+    return is reported too, with the models it serves."""
+    port = free_port()
+    engine_port = free_port()
+    # The engine on a port of our own, given in the .env file (not the command line or the
+    # environment: that is "given" too).
+    (tmp_path / ".env").write_text(f"GUARD_UPSTREAM_URL=http://127.0.0.1:{engine_port}\n")
+    proc = _serve(["--port", str(port)], tmp_path, GUARD_UPSTREAM_CHECK_INTERVAL="0.3")
+    err = _Stderr(proc)
+    try:
+        report = err.wait_for(lambda line: "proxy.serve: coherence-guard on" in line)
+        assert f"engine http://127.0.0.1:{engine_port}" in report
+        down = err.wait_for(lambda line: "does not answer" in line)
+        assert "starting anyway: guarded requests get 502" in down and "WARNING" in down
+        err.wait_for(lambda line: "still does not answer" in line)
+        with FakeVLLM(port=engine_port) as fake:
+            back = err.wait_for(lambda line: "answers again" in line)
+            assert f"serves {fake.script.model}" in back
+    finally:
+        _stop(proc, err)
+
+
+def test_serve_without_upstream_names_the_default(tmp_path: Path) -> None:
+    port = free_port()
+    proc = _serve(["--port", str(port)], tmp_path, GUARD_UPSTREAM_CHECK_INTERVAL="0")
+    err = _Stderr(proc)
+    try:
+        report = err.wait_for(lambda line: "coherence-guard on" in line)
+        assert "engine http://127.0.0.1:8000 (the default: neither --upstream nor " in report
+        err.wait_for(lambda line: "engine at http://127.0.0.1:8000" in line)
+    finally:
+        _stop(proc, err)
+
+
+def test_serve_reports_an_engine_that_answers_with_its_models(
+    fake_upstream: FakeVLLM, tmp_path: Path
+) -> None:
+    port = free_port()
+    proc = _serve(["--port", str(port), "--upstream", fake_upstream.url], tmp_path)
+    err = _Stderr(proc)
+    try:
+        report = err.wait_for(lambda line: "coherence-guard on" in line)
+        assert "the default" not in report
+        line = err.wait_for(lambda line: "answers" in line)
+        assert f"(/health 200; serves {fake_upstream.script.model})" in line
+    finally:
+        _stop(proc, err)
+
+
+def test_serve_json_logs_with_access_log_and_no_text_of_the_conversation(
+    fake_upstream: FakeVLLM, tmp_path: Path
+) -> None:
+    """GUARD_LOG_FORMAT=json: every line from the parent and the workers uvicorn spawns
+    (start-up, uvicorn, access, the guard's verdict) is a JSON object with the fixed fields; at
+    debug level with the access log on, neither the prompt nor the completion appears."""
+    loop = "the cat sat on the mat. " * 200
+    fake_upstream.script = Script(texts=[loop])
+    port = free_port()
+    args = ["--port", str(port), "--upstream", fake_upstream.url, "--workers", "2"]
+    proc = _serve(
+        [*args, "--log-level", "debug"],
+        tmp_path,
+        GUARD_LOG_FORMAT="json",
+        GUARD_ACCESS_LOG="true",
+        GUARD_UPSTREAM_CHECK_INTERVAL="0",
+    )
+    err = _Stderr(proc)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_healthy(base + "/health", timeout=30, alive=lambda: proc.poll() is None)
+        prompt = "zebra-quartz-pineapple secret question"
+        r = httpx.post(
+            base + "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": prompt}]},
+            timeout=20,
+        )
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] != "stop"
+        access = err.wait_for(lambda line: '"path":"/v1/chat/completions"' in line)
+        assert json.loads(access)["status"] == 200
+    finally:
+        _stop(proc, err)
+    err.wait_for(lambda line: "Stopping parent process" in line)
+    records = [json.loads(line) for line in err.lines]
+    for rec in records:
+        assert {"ts", "level", "logger", "message", "request_id"} <= rec.keys()
+    loggers = {rec["logger"] for rec in records}
+    assert {"proxy.serve", "uvicorn", "uvicorn.access", "coherence_guard"} <= loggers
+    assert any("degenerate generation" in rec["message"] for rec in records)
+    text = "\n".join(err.lines)
+    assert "zebra-quartz" not in text and "cat sat" not in text
 
 
 @pytest.fixture(params=[1, 2], ids=["1-worker", "2-workers"])
@@ -120,3 +376,27 @@ def test_serve_with_workers_removes_the_metrics_directory_it_made(
         proc.terminate()
         assert proc.wait(15) == 0
     assert not list(tmp.glob("coherence-guard-metrics-*"))
+
+
+def test_access_log_asked_for_is_written_at_warning_level(
+    fake_upstream: FakeVLLM, tmp_path: Path
+) -> None:
+    """GUARD_LOG_LEVEL=warning silences the info lines, not the access log switched on."""
+    port = free_port()
+    proc = _serve(
+        ["--port", str(port), "--upstream", fake_upstream.url],
+        tmp_path,
+        GUARD_LOG_LEVEL="warning",
+        GUARD_ACCESS_LOG="true",
+        GUARD_UPSTREAM_CHECK_INTERVAL="0",
+    )
+    err = _Stderr(proc)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_healthy(base + "/health", timeout=30, alive=lambda: proc.poll() is None)
+        line = err.wait_for(lambda line: "uvicorn.access" in line)
+        assert '"GET /health HTTP/1.1" 200' in line
+    finally:
+        _stop(proc, err)
+    others = [line for line in err.lines if " INFO " in line and "uvicorn.access" not in line]
+    assert others == []

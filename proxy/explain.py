@@ -1,0 +1,145 @@
+"""What each ``GUARD_*`` variable does: the one source of meanings.
+
+``coherence-guard config --explain`` prints it next to the current values, and
+``scripts/env_example.py`` renders it into ``.env.example`` and the README's table, so the three
+cannot disagree. It lives in the package (not the script) because an installed wheel has no
+``scripts/``.
+
+Meanings: a Settings field's ``Field(description=...)`` if it has one, else :data:`SETTINGS_HELP`;
+a DetectorConfig field's ``metadata["help"]`` if it has one, else the comment block above it in
+the source (the detector documents its knobs by comments).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import io
+import tokenize
+
+from proxy.detect import DetectorConfig
+from proxy.settings import Settings
+
+SETTINGS_HELP: dict[str, str] = {
+    "upstream_url": "Base URL of the OpenAI-compatible engine the proxy fronts (vLLM, ...): "
+    "http(s)://HOST:PORT (a trailing /v1 is dropped: the proxy forwards whole paths).",
+    "host": "Address the proxy listens on.",
+    "port": "Port the proxy listens on.",
+    "workers": "uvicorn worker processes; above 1, metrics switch to prometheus-client "
+    "multiprocess mode (PROMETHEUS_MULTIPROC_DIR).",
+    "mode": "enforce: abort degenerate generations at the engine; monitor: detect and count "
+    "only (action=observed); off: plain relay.",
+    "allow_client_override": "Let a request pick its own mode with the x-guard-mode header.",
+    "abort_finish_reason": "finish_reason the client sees on an aborted choice (content_filter "
+    "is in the OpenAI enum; repetition is vLLM's own and strict clients reject it).",
+    "trim_on_abort": "Cut a non-streaming answer at the detected onset of degeneration.",
+    "max_tokens_default": "max_tokens given to requests that set none (the engine would "
+    "otherwise generate up to the context window); at most GUARD_MAX_TOKENS_CAP.",
+    "max_tokens_cap": "Largest max_tokens / max_completion_tokens a request may ask for.",
+    "max_tokens_policy": "Above the cap: clamp it, or reject the request with a 400.",
+    "language": "Language constraint: off, auto (answer in the prompt's language) or a "
+    "two-letter ISO 639-1 code (en, it, zh, ...; not a name like english); injects an "
+    "instruction and tells the detector what to expect.",
+    "sampling_defaults": "JSON object: model name or glob -> sampling fields filled in when a "
+    'request leaves them unset, e.g. {"qwen*": {"repetition_penalty": 1.05}}.',
+    "request_usage": "Ask the engine for usage in every chunk (exact token counts for "
+    "positions and tokens saved).",
+    "max_body_bytes": "Largest request body accepted (413 above).",
+    "connect_timeout": "Seconds to connect to the engine.",
+    "read_timeout": "Seconds the engine may stay silent mid-response.",
+    "api_keys": 'Accepted bearer keys: a JSON list (["k1","k2"]) or comma-separated (k1,k2); '
+    "empty: no auth.",
+    "log_text": "Log prompt and completion text (off by default: it is user data).",
+    "log_level": "debug, info, warning, error or critical (the proxy's and uvicorn's logs).",
+    "metrics_max_models": "Distinct model label values in the metrics. Once the engine's "
+    "/v1/models is known, only models it lists (or GUARD_SAMPLING_DEFAULTS names) get their "
+    "own label; before that, the first ones seen. The rest count as model=other.",
+    "upstream_metrics_interval": "Seconds between scrapes of the engine's /metrics for its "
+    "KV cache dtype (fp8 warning); 0 turns it off.",
+    "upstream_api_key": "Bearer key the proxy sends to the engine (replaces the client's "
+    "Authorization); unset: the client's header is passed on.",
+    "upstream_tls_verify": "Verify the engine's TLS certificate (https upstreams).",
+    "upstream_ca_bundle": "PEM file of CAs trusted for the engine; unset: the system store.",
+    "upstream_client_cert": "PEM client certificate for mutual TLS with the engine.",
+    "upstream_client_key": "PEM key of the client certificate (if not inside it).",
+    "write_timeout": "Seconds a write of a request to the engine may take.",
+    "upstream_max_connections": "Connections to the engine kept per worker.",
+    "unguarded_routes": "Engine routes that generate text but are not guarded: pass (relay, "
+    "warning at start-up) or reject (403).",
+    "max_event_bytes": "Largest single SSE event accepted from the engine; a larger one ends "
+    "the stream with an error.",
+    "client_write_timeout": "Seconds a client may accept no bytes before it is dropped and the "
+    "engine's generation closed.",
+    "request_deadline": "Overall seconds one request may take (0: no limit).",
+    "log_format": "text or json (one JSON object per line).",
+    "access_log": "Log one line per request (client, method, path, status, request id), "
+    "in GUARD_LOG_FORMAT.",
+    "override_api_keys": "Keys allowed to send x-guard-mode (JSON list or comma-separated); "
+    "empty: any client (when GUARD_ALLOW_CLIENT_OVERRIDE is on).",
+    "protect_metrics": "Require a key (GUARD_API_KEYS or GUARD_METRICS_API_KEYS) on /metrics "
+    "and /metrics/quality.",
+    "metrics_api_keys": "Keys that may read the metrics (scrapers) when GUARD_PROTECT_METRICS "
+    "is on; a JSON list or comma-separated.",
+    "expect_language": "Expected answer language when GUARD_LANGUAGE injects none: prompt "
+    "(detected from the request's text) or off.",
+    "upstream_check_interval": "Seconds between checks that the engine answers (/health, "
+    "/v1/models): logged while it does not, and its model list bounds the metrics' model "
+    "label; 0 turns the checks off.",
+}
+
+
+def comment_blocks(cls: type) -> dict[str, str]:
+    """Field name -> the comment lines nearest above it within its blank-line-separated group."""
+    source = inspect.getsource(cls)
+    comments: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    lines = source.splitlines()
+    out: dict[str, str] = {}
+    names = {f.name for f in dataclasses.fields(cls)}
+    for number, line in enumerate(lines, start=1):
+        stripped = line.strip()
+        name = stripped.split(":", 1)[0].strip()
+        if name not in names or line.startswith(" " * 8):
+            continue
+        block: list[str] = []
+        row = number - 1
+        while row >= 1 and lines[row - 1].strip():  # walk up within the group
+            if row in comments and lines[row - 1].strip().startswith("#"):
+                block.insert(0, comments[row])
+            elif block:
+                break
+            row -= 1
+        if block:
+            out[name] = " ".join(block)
+    return out
+
+
+def settings_meaning(name: str) -> str | None:
+    """Meaning of the Settings field ``name``, or None when it has none (an error in CI)."""
+    info = Settings.model_fields[name]
+    return info.description or SETTINGS_HELP.get(name)
+
+
+def detector_meanings() -> dict[str, str]:
+    """DetectorConfig field name -> meaning (fields without one are left out)."""
+    comments = comment_blocks(DetectorConfig)
+    out: dict[str, str] = {}
+    for f in dataclasses.fields(DetectorConfig):
+        meaning = f.metadata.get("help") or comments.get(f.name)
+        if meaning:
+            out[f.name] = meaning
+    return out
+
+
+def meanings() -> dict[str, str]:
+    """``GUARD_*`` name -> meaning, settings first, then the detector's knobs."""
+    out = {}
+    for name in Settings.model_fields:
+        meaning = settings_meaning(name)
+        if meaning:
+            out["GUARD_" + name.upper()] = meaning
+    for name, meaning in detector_meanings().items():
+        out["GUARD_" + name.upper()] = meaning
+    return out
