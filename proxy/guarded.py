@@ -61,12 +61,17 @@ def deadline_error() -> DeadlineExceeded:
 
 
 def upstream_failed(proxy: Proxy, kind: str, status: int = 0) -> None:
-    """Count and log an upstream failure (never any text; the request id is in the context)."""
+    """Count and log an upstream failure (never any text; the request id is in the context).
+
+    An engine 4xx is the client's mistake relayed (info); 5xx, timeouts and broken
+    connections are the deployment's problem (warning)."""
     proxy.metrics.upstream_error(kind)
-    if status:
-        log.warning("upstream answered %d (kind=%s)", status, kind)
-    else:
+    if not status:
         log.warning("upstream failed (kind=%s)", kind)
+    elif status >= 500:
+        log.warning("upstream answered %d", status)
+    else:
+        log.info("upstream answered %d", status)
 
 
 class Guarded:

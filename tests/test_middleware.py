@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -215,3 +216,45 @@ def test_protect_metrics_without_any_key_is_a_config_error(fake_upstream: FakeVL
     settings = load_settings(upstream_url=fake_upstream.url, protect_metrics=True)
     with pytest.raises(ConfigError, match="GUARD_PROTECT_METRICS"):
         create_app(settings)
+
+
+class _ContextRecorder(logging.Handler):
+    """Records each message with the request id the contextvar held when it was logged."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[tuple[int, str, str | None]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((record.levelno, record.getMessage(), context.request_id.get()))
+
+
+@pytest.fixture
+def context_log() -> Iterator[_ContextRecorder]:
+    handler = _ContextRecorder()
+    logger = logging.getLogger("coherence_guard")
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(old_level)
+
+
+def test_upstream_failures_are_logged_at_warning_with_the_request_id(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory, context_log: _ContextRecorder
+) -> None:
+    """No text in the line; the request id comes from the contextvar the formatter reads."""
+    secret = "do-not-log-this-prompt"
+    body = {"model": "m", "messages": [{"role": "user", "content": secret}]}
+    dead = proxy_server(upstream_url="http://127.0.0.1:9")  # nothing listens there
+    r = httpx.post(dead + "/v1/chat/completions", json=body, headers={"x-request-id": "rid-1"})
+    assert r.status_code == 502
+    fake_upstream.script = Script(status=500)
+    base = proxy_server()
+    r2 = httpx.post(base + "/v1/chat/completions", json=body, headers={"x-request-id": "rid-2"})
+    assert r2.status_code == 500
+    warnings = [(msg, rid) for level, msg, rid in context_log.lines if level == logging.WARNING]
+    assert ("upstream failed (kind=connect)", "rid-1") in warnings
+    assert ("upstream answered 500", "rid-2") in warnings
+    assert all(secret not in msg for _, msg, _ in context_log.lines)
