@@ -31,7 +31,7 @@ from proxy.asgi import (
     send_error,
 )
 from proxy.errors import BadRequest, Unauthorized
-from proxy.paths import METRICS_ROUTES, OWN_ROUTES, PathError, canonical_path
+from proxy.paths import METRICS_ROUTES, OWN_ROUTES, PathError, canonical_path, wire_path
 
 #: A client's ``x-request-id`` is kept when it looks like an id, not like a payload.
 _SANE_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
@@ -86,7 +86,7 @@ class CanonicalPath:
                 return
             if path != scope["path"] or raw != path.encode():
                 scope["path"] = path
-                scope["raw_path"] = path.encode("utf-8")
+                scope["raw_path"] = wire_path(path).encode("ascii")
         await self.app(scope, receive, send)
 
 
