@@ -42,6 +42,23 @@ class ClientGone(Exception):
     """The client disconnected before the request body was complete."""
 
 
+def abort_connection(send: Send) -> bool:
+    """Close the client's connection at once, without flushing what is buffered for it.
+
+    For a client that stopped reading (see :mod:`proxy.bounds`): a graceful close would wait
+    for it to read the buffered bytes, so its socket and buffers would live as long as it
+    likes. ASGI has no way to say "abort"; uvicorn's ``send`` is a bound method of its request
+    cycle, which holds the transport. When ``send`` is anything else (a middleware wrapped it),
+    nothing happens and the server closes the connection its own way. Returns whether it
+    aborted."""
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    abort = getattr(transport, "abort", None)
+    if abort is None:
+        return False
+    abort()
+    return True
+
+
 def scope_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
     """The headers every response to this request carries (empty outside the middleware)."""
     headers: list[tuple[bytes, bytes]] = scope.get(RESPONSE_HEADERS, [])

@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from proxy.asgi import Receive
+from proxy.asgi import Receive, Send, abort_connection
 
 log = logging.getLogger("coherence_guard")
 
@@ -130,13 +130,15 @@ class Bounds:
 
 async def watched(
     receive: Receive,
+    send: Send,
     work: Callable[[Watch], Awaitable[None]],
     watch: Watch,
     bounds: Bounds,
     on_deadline: Callable[[], Awaitable[None]] | None = None,
 ) -> Watch:
     """Run ``work`` under ``watch``: cancelled when the client goes, stops reading, or the
-    deadline passes; after a deadline ``on_deadline`` writes the end of the answer."""
+    deadline passes; after a deadline ``on_deadline`` writes the end of the answer. A client
+    that stopped reading has its connection aborted (``send`` leads to it)."""
     task = watch.task = asyncio.current_task()
 
     async def watcher() -> None:
@@ -170,4 +172,8 @@ async def watched(
     finally:
         bounds.discard(watch)
         w.cancel()
+    if watch.stalled() and abort_connection(send):
+        # Let the server see the connection gone before the endpoint returns (else it reports
+        # a response that was never completed).
+        await asyncio.sleep(0)
     return watch

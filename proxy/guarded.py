@@ -110,7 +110,7 @@ class Guarded:
         )
         watch = call.watch
         try:
-            await watched(receive, call.run, watch, proxy.bounds, call.deadline)
+            await watched(receive, send, call.run, watch, proxy.bounds, call.deadline)
         finally:
             # Also after a bug in the relay: gauges and records stay balanced.
             call.finish(client_gone=watch.gone)

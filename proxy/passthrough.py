@@ -106,7 +106,7 @@ class Passthrough:
             else:
                 await send({"type": "http.response.body", "body": b""})
 
-        watch = await watched(receive, work, Watch(), proxy.bounds, deadline)
+        watch = await watched(receive, send, work, Watch(), proxy.bounds, deadline)
         proxy.metrics.request_finished(
             "passthrough", 499 if watch.gone else status, time.perf_counter() - started
         )

@@ -4,7 +4,9 @@ runs past GUARD_REQUEST_DEADLINE is ended properly."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import socket
 import time
 from collections.abc import Callable
@@ -24,6 +26,15 @@ ProxyFactory = Callable[..., str]
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 #: Long enough (~20 MB of SSE) to fill every buffer between the engine and a stalled client.
 VARIED = " ".join(f"token{i}-{'x' * (i % 40)}" for i in range(60_000))
+
+
+class _Messages(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 def _timeouts(metrics: Metrics, kind: str) -> float:
@@ -107,6 +118,8 @@ def test_a_client_that_stops_reading_is_dropped_and_the_engine_freed(
     )
     server = ProxyServer(create_app(settings, metrics=metrics))
     server.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+    server_errors = _Messages()
+    logging.getLogger("uvicorn.error").addHandler(server_errors)
     server.start()
     body = orjson.dumps({**CHAT, "stream": True, "max_tokens": 100_000})
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -127,9 +140,17 @@ def test_a_client_that_stops_reading_is_dropped_and_the_engine_freed(
         assert rec.disconnected is not None and not rec.completed
         assert rec.disconnected - stopped <= timeout + 2
         assert _timeouts(metrics, "write") == 1
+        # The proxy's side of the connection is gone (what the kernel still holds ends in
+        # EOF or a reset), and the server saw it go (no "response not completed" error).
+        sock.settimeout(2)
+        with contextlib.suppress(ConnectionResetError):
+            while sock.recv(65536):
+                pass
+        assert not [m for m in server_errors.messages if "without completing" in m]
     finally:
         sock.close()
         server.stop()
+        logging.getLogger("uvicorn.error").removeHandler(server_errors)
 
 
 def test_a_reading_client_is_never_dropped(
