@@ -172,12 +172,14 @@ def _events(body: bytes) -> list[bytes]:
     return [b for b in body.split(b"\n\n") if b]
 
 
+@pytest.mark.parametrize("mode", ["enforce", "off"])
 def test_a_stream_past_the_deadline_ends_with_an_error_event(
-    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory, mode: str
 ) -> None:
+    """Guarded (the guard writes the end) or relayed as is (``off``): the same ending."""
     fake_upstream.script = Script(texts=[" ".join(f"w{i}" for i in range(40))], chunk_delay=0.1)
     metrics = Metrics()
-    base = proxy_server(request_deadline=0.6, metrics=metrics)
+    base = proxy_server(request_deadline=0.6, metrics=metrics, mode=mode)
     started = time.monotonic()
     r = httpx.post(base + "/v1/chat/completions", json={**CHAT, "stream": True})
     elapsed = time.monotonic() - started
