@@ -33,8 +33,9 @@ REQUEST_ID = "guard.request_id"
 MAY_OVERRIDE = "guard.may_override"
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
-#: Upstream response headers the proxy's server writes itself.
-_OWN_HEADERS = frozenset({"date", "server"})
+#: Upstream response headers the proxy writes itself (its server: date, server; the request
+#: id middleware: x-request-id, which an engine may echo).
+_OWN_HEADERS = frozenset({"date", "server", "x-request-id"})
 _LOCATIONS = frozenset({b"location", b"content-location"})
 
 

@@ -254,3 +254,18 @@ def test_unguarded_routes_pass_with_one_warning(
     with httpx.stream("POST", base + "/v1/responses", json={"model": "m", "input": "x"}) as r:
         assert r.status_code == 200
         assert b"response.output_text.delta" in r.read()
+
+
+def test_the_engines_request_id_header_is_not_repeated(
+    canned_engine: Callable[[bytes], CannedEngine], proxy_server: ProxyFactory
+) -> None:
+    """An engine that echoes x-request-id (vLLM's middleware does) does not make the header
+    appear twice: the client gets the proxy's, once."""
+    engine = canned_engine(
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n"
+        b"x-request-id: engine-made\r\nconnection: close\r\n\r\n{}"
+    )
+    base = proxy_server(upstream_url=engine.url)
+    r = httpx.get(base + "/v1/models", headers={"x-request-id": "mine"})
+    assert r.headers.get_list("x-request-id") == ["mine"]
+    assert b"x-request-id: mine" in engine.heads[-1].lower()
