@@ -258,3 +258,14 @@ def test_upstream_failures_are_logged_at_warning_with_the_request_id(
     assert ("upstream failed (kind=connect)", "rid-1") in warnings
     assert ("upstream answered 500", "rid-2") in warnings
     assert all(secret not in msg for _, msg, _ in context_log.lines)
+
+
+def test_expect_is_not_forwarded(fake_upstream: FakeVLLM, proxy_server: ProxyFactory) -> None:
+    """The proxy has read the body already; ``Expect: 100-continue`` toward the engine would
+    only make it answer an interim response nobody asked it for."""
+    base = proxy_server()
+    headers = {"expect": "100-continue"}
+    assert httpx.post(base + "/v1/chat/completions", json=CHAT, headers=headers).status_code == 200
+    assert "expect" not in fake_upstream.last.headers
+    assert httpx.post(base + "/tokenize", json={"prompt": "a"}, headers=headers).status_code == 200
+    assert "expect" not in fake_upstream.last.headers
