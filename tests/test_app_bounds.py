@@ -96,9 +96,16 @@ def test_the_deadline_spares_a_request_that_is_finishing() -> None:
 # ---------------------------------------------------------------------------- a stalled client
 
 
-@pytest.mark.parametrize("mode", ["off", "monitor"])
+@pytest.mark.parametrize(
+    ("mode", "path"),
+    [
+        ("off", "/v1/chat/completions"),
+        ("monitor", "/v1/chat/completions"),
+        ("enforce", "/v1/responses"),  # pass-through: the same bound
+    ],
+)
 def test_a_client_that_stops_reading_is_dropped_and_the_engine_freed(
-    fake_upstream: FakeVLLM, mode: str
+    fake_upstream: FakeVLLM, mode: str, path: str
 ) -> None:
     """A real socket with a tiny receive buffer reads the first bytes, then nothing: within
     GUARD_CLIENT_WRITE_TIMEOUT + 2 s the fake engine sees its connection closed.
@@ -121,14 +128,17 @@ def test_a_client_that_stops_reading_is_dropped_and_the_engine_freed(
     server_errors = _Messages()
     logging.getLogger("uvicorn.error").addHandler(server_errors)
     server.start()
-    body = orjson.dumps({**CHAT, "stream": True, "max_tokens": 100_000})
+    request = {**CHAT, "stream": True, "max_tokens": 100_000}
+    if path == "/v1/responses":
+        request = {"model": "m", "input": "hi", "stream": True}
+    body = orjson.dumps(request)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", server.port))
     try:
         sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n%s" % (len(body), body)
+            b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (path.encode(), len(body), body)
         )
         assert sock.recv(1024).startswith(b"HTTP/1.1 200")
         stopped = time.monotonic()
