@@ -3,8 +3,12 @@
     GuardError                      status, OpenAI ``type``, ``param``, ``code``
     ├── BadRequest        400       malformed JSON, wrong field types, max_tokens over cap (reject)
     ├── Unauthorized      401       GUARD_API_KEYS set and the key is missing or wrong
+    ├── Forbidden         403       x-guard-mode from a key not allowed to send it; a
+    │                               generating route refused by GUARD_UNGUARDED_ROUTES=reject
     ├── PayloadTooLarge   413       body over GUARD_MAX_BODY_BYTES
     └── UpstreamError     502/504   upstream unreachable, timed out, or broke the protocol
+        └── UpstreamTimeout   504   … timed out
+            └── DeadlineExceeded    the request ran past GUARD_REQUEST_DEADLINE
 
 Foreign exceptions (httpx, orjson) are translated at the boundary that sees them, so the rest of
 the proxy only ever handles these.
@@ -51,6 +55,11 @@ class Unauthorized(GuardError):
     type = "authentication_error"
 
 
+class Forbidden(GuardError):
+    status = 403
+    type = "permission_error"
+
+
 class PayloadTooLarge(GuardError):
     status = 413
     type = "invalid_request_error"
@@ -64,3 +73,7 @@ class UpstreamError(GuardError):
 class UpstreamTimeout(UpstreamError):
     status = 504
     type = "upstream_timeout"
+
+
+class DeadlineExceeded(UpstreamTimeout):
+    type = "request_timeout"

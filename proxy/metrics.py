@@ -63,6 +63,7 @@ ENDPOINTS: Final = frozenset({"chat", "completions", "responses", "messages"})
 DETECTION_ACTIONS: Final = frozenset({"aborted", "observed"})
 MAX_TOKENS_ACTIONS: Final = frozenset({"defaulted", "clamped", "rejected"})
 UPSTREAM_ERROR_KINDS: Final = frozenset({"connect", "timeout", "status", "protocol", "disconnect"})
+CLIENT_TIMEOUT_KINDS: Final = frozenset({"write", "deadline"})
 #: What vLLM and the OpenAI enum can say, ``none`` for a choice that ended without one, and
 #: ``guard`` for every choice the guard aborted: whatever finish_reason the client was sent
 #: (``GUARD_ABORT_FINISH_REASON`` may be ``length``), so ``length`` keeps meaning "hit max_tokens".
@@ -373,6 +374,15 @@ class Metrics:
                 registry=i,
             )
         )
+        self._client_timeouts = _Children(
+            Counter(
+                "guard_proxy_client_timeouts",
+                "Requests ended by a bound: write = the client accepted no bytes for "
+                "GUARD_CLIENT_WRITE_TIMEOUT, deadline = GUARD_REQUEST_DEADLINE passed.",
+                ("kind",),
+                registry=i,
+            )
+        )
         self._kv_dtype = _Children(
             Gauge(
                 "guard_upstream_kv_cache_dtype_info",
@@ -510,6 +520,10 @@ class Metrics:
     def upstream_error(self, kind: str) -> None:
         """Infra: kind in connect | timeout | status | protocol | disconnect."""
         self._upstream_errors(_fixed(kind, UPSTREAM_ERROR_KINDS)).inc()
+
+    def client_timeout(self, kind: str) -> None:
+        """Infra: kind in write | deadline."""
+        self._client_timeouts(_fixed(kind, CLIENT_TIMEOUT_KINDS)).inc()
 
     def upstream_kv_cache_dtype(self, cache_dtype: str) -> None:
         """The upstream's current KV cache dtype: its series is 1, any earlier one drops to 0."""

@@ -318,13 +318,7 @@ class Settings(BaseSettings):
                 "GUARD_UPSTREAM_CA_BUNDLE is set but GUARD_UPSTREAM_TLS_VERIFY=false turns "
                 "verification off: drop one of them"
             )
-        if self.api_keys:
-            unknown = [k for k in self.override_api_keys if k not in self.api_keys]
-            if unknown:
-                problems.append(
-                    f"GUARD_OVERRIDE_API_KEYS has {len(unknown)} key(s) not in GUARD_API_KEYS: "
-                    "those clients could not authenticate at all"
-                )
+        # Override keys are accepted as API keys too (proxy/middleware.py): no subset check.
         if self.override_api_keys and not self.allow_client_override:
             problems.append(
                 "GUARD_OVERRIDE_API_KEYS is set but GUARD_ALLOW_CLIENT_OVERRIDE=false: no client "

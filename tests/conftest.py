@@ -105,3 +105,72 @@ def proxy_server(fake_upstream: FakeVLLM) -> Iterator[Callable[..., str]]:
     yield start
     for server in servers:
         server.stop()
+
+
+class CannedEngine:
+    """An engine that answers every request with the same raw HTTP/1.1 bytes (a redirect, a
+    non-stream answer to a stream request, …): for answers the fake vLLM does not give. Records
+    the request heads it saw."""
+
+    def __init__(self, response: bytes) -> None:
+        self.response = response
+        self.heads: list[bytes] = []
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, name="canned-engine", daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                part = conn.recv(65536)
+                if not part:
+                    return
+                data += part
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            while len(body) < length:
+                part = conn.recv(65536)
+                if not part:
+                    return
+                body += part
+            self.heads.append(head)
+            conn.sendall(self.response)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def canned_engine() -> Iterator[Callable[[bytes], CannedEngine]]:
+    """Factory: ``canned_engine(raw_response) -> CannedEngine`` (closed at teardown)."""
+    engines: list[CannedEngine] = []
+
+    def start(response: bytes) -> CannedEngine:
+        engine = CannedEngine(response)
+        engines.append(engine)
+        return engine
+
+    yield start
+    for engine in engines:
+        engine.close()

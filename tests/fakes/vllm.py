@@ -226,7 +226,7 @@ class FakeVLLM:
         if path in ("/tokenize", "/v1/embeddings", "/echo"):
             echo = {"path": rec.path, "method": rec.method, "body": rec.json}
             return self._send(writer, 200, orjson.dumps(echo), extra={"x-fake": "yes"})
-        if path == "/v1/stream" and rec.method == "POST":
+        if path in ("/v1/stream", "/inference/v1/generate") and rec.method == "POST":
             return await self._plain_stream(rec, reader, writer, self._next_script())
         return self._send(writer, 404, b'{"detail":"Not Found"}')
 

@@ -1,0 +1,130 @@
+"""ASGI plumbing shared by the middleware and the endpoints: types, errors, bodies, headers.
+
+The endpoints are raw ASGI callables on purpose (a relay's per-chunk cost is one ``send``), so
+the few things Starlette would do for them — an error response, reading a body, response
+headers that every answer carries — are written once here.
+
+Response headers that every answer must carry (``x-request-id``) travel in the scope under
+:data:`RESPONSE_HEADERS`: a middleware that wrapped ``send`` to add them would put one more
+coroutine call on every relayed chunk, so each endpoint writes them into its own
+``http.response.start`` instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
+
+from proxy import upstream
+from proxy.errors import GuardError, PayloadTooLarge
+from proxy.paths import relative_location
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: Scope key: headers every response to this request carries (a list the middleware fills).
+RESPONSE_HEADERS = "guard.response_headers"
+#: Scope key: the request id (str) the request-id middleware chose.
+REQUEST_ID = "guard.request_id"
+#: Scope key: True when the request's key may send ``x-guard-mode``.
+MAY_OVERRIDE = "guard.may_override"
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+#: Upstream response headers the proxy writes itself (its server: date, server; the request
+#: id middleware: x-request-id, which an engine may echo).
+_OWN_HEADERS = frozenset({"date", "server", "x-request-id"})
+_LOCATIONS = frozenset({b"location", b"content-location"})
+
+
+class ClientGone(Exception):
+    """The client disconnected before the request body was complete."""
+
+
+def abort_connection(send: Send) -> bool:
+    """Close the client's connection at once, without flushing what is buffered for it.
+
+    For a client that stopped reading (see :mod:`proxy.bounds`): a graceful close would wait
+    for it to read the buffered bytes, so its socket and buffers would live as long as it
+    likes. ASGI has no way to say "abort"; uvicorn's ``send`` is a bound method of its request
+    cycle, which holds the transport. When ``send`` is anything else (a middleware wrapped it),
+    nothing happens and the server closes the connection its own way. Returns whether it
+    aborted."""
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    abort = getattr(transport, "abort", None)
+    if abort is None:
+        return False
+    abort()
+    return True
+
+
+def scope_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
+    """The headers every response to this request carries (empty outside the middleware)."""
+    headers: list[tuple[bytes, bytes]] = scope.get(RESPONSE_HEADERS, [])
+    return headers
+
+
+async def send_error(
+    send: Send, error: GuardError, headers: Iterable[tuple[bytes, bytes]] = ()
+) -> None:
+    """The OpenAI-shaped error envelope as a complete response."""
+    body = error.to_json()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": error.status,
+            "headers": [*JSON_HEADERS, (b"content-length", str(len(body)).encode()), *headers],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -> bytes:
+    """The whole request body, refused (413) as soon as it is known to exceed ``limit``."""
+    declared = headers.get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ClientGone
+        body = msg.get("body", b"")
+        if body:
+            size += len(body)
+            if size > limit:
+                raise _too_large(limit)
+            parts.append(body)
+        if not msg.get("more_body", False):
+            break
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"The request body is larger than this deployment's limit of {limit} bytes.",
+        code="payload_too_large",
+    )
+
+
+def response_headers(
+    raw: Iterable[tuple[bytes, bytes]], engine_url: str, *, keep_length: bool
+) -> list[tuple[bytes, bytes]]:
+    """An engine response's headers for the client: hop-by-hop and server-owned ones dropped,
+    an absolute ``Location``/``Content-Location`` naming the engine made relative (see
+    :func:`proxy.paths.relative_location`)."""
+    skip = (upstream.HOP_BY_HOP - {"content-length"}) | _OWN_HEADERS
+    if not keep_length:
+        skip = skip | {"content-length"}
+    out = []
+    for k, v in raw:
+        name = k.lower()
+        if name.decode("latin-1") in skip:
+            continue
+        if name in _LOCATIONS:
+            v = relative_location(v, engine_url)
+        out.append((k, v))
+    return out

@@ -1,0 +1,484 @@
+"""The guarded routes: ``POST /v1/chat/completions`` and ``POST /v1/completions``.
+
+A raw ASGI endpoint: per request it reads and rewrites the body and opens the engine's stream;
+per chunk it feeds :class:`proxy.relay.StreamGuard` and makes one ``send`` (plus two integer
+bumps for the write-timeout sweep, see :mod:`proxy.bounds`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from proxy.asgi import (
+    JSON_HEADERS,
+    MAY_OVERRIDE,
+    REQUEST_ID,
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    response_headers,
+    scope_headers,
+    send_error,
+)
+from proxy.bounds import Watch, watched
+from proxy.detect import Detector
+from proxy.errors import (
+    BadRequest,
+    DeadlineExceeded,
+    Forbidden,
+    GuardError,
+    UpstreamError,
+)
+from proxy.paths import wire_path
+from proxy.records import Endpoint, GenerationRecord
+from proxy.relay import GuardPolicy, Mode, StreamGuard
+from proxy.rewrite import Rewrite, rewrite_request
+from proxy.sse import DONE_EVENT, encode_data
+from proxy.state import Proxy
+from proxy.upstream_http import Response as UpstreamResponse
+from proxy.upstream_http import UpstreamFailure
+
+log = logging.getLogger("coherence_guard")
+
+_MODES = frozenset({"enforce", "monitor", "off"})
+#: How long to wait for the end of a body after ``[DONE]`` before giving the connection up.
+_DRAIN_SECONDS = 1.0
+#: Words an engine's 400 uses when it rejects the usage options the proxy adds.
+_USAGE_OPTION_WORDS = (b"stream_options", b"continuous_usage_stats", b"include_usage")
+
+
+def deadline_error() -> DeadlineExceeded:
+    return DeadlineExceeded(
+        "The request ran past this deployment's time limit.", code="request_deadline"
+    )
+
+
+def upstream_failed(proxy: Proxy, kind: str, status: int = 0) -> None:
+    """Count and log an upstream failure (never any text; the request id is in the context).
+
+    An engine 4xx is the client's mistake relayed (info); 5xx, timeouts and broken
+    connections are the deployment's problem (warning)."""
+    proxy.metrics.upstream_error(kind)
+    if not status:
+        log.warning("upstream failed (kind=%s)", kind)
+    elif status >= 500:
+        log.warning("upstream answered %d", status)
+    else:
+        log.info("upstream answered %d", status)
+
+
+class Guarded:
+    """The ASGI endpoint of one guarded route."""
+
+    def __init__(self, proxy: Proxy, endpoint: Endpoint) -> None:
+        self.proxy = proxy
+        self.endpoint: Endpoint = endpoint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        proxy = self.proxy
+        started = time.perf_counter()
+        route = scope["path"]
+        headers = dict(scope["headers"])
+        try:
+            mode = self._mode(scope, headers)
+            raw = await read_body(receive, headers, proxy.settings.max_body_bytes)
+            try:
+                body = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                raise BadRequest(f"The request body is not valid JSON: {exc}.") from None
+            rw = self._rewrite(body, mode)
+        except ClientGone:
+            proxy.metrics.request_finished(route, 499, time.perf_counter() - started)
+            return
+        except GuardError as exc:
+            await send_error(send, exc, scope_headers(scope))
+            proxy.metrics.request_finished(route, exc.status, time.perf_counter() - started)
+            return
+
+        opts = body.get("stream_options") if isinstance(body, dict) else None
+        call = _GuardedCall(proxy, scope, send, self.endpoint, rw, mode, headers, started)
+        call.client_body = body
+        call.client_continuous = (
+            isinstance(opts, dict) and opts.get("continuous_usage_stats") is True
+        )
+        watch = call.watch
+        try:
+            await watched(receive, send, call.run, watch, proxy.bounds, call.deadline)
+        finally:
+            # Also after a bug in the relay: gauges and records stay balanced.
+            call.finish(client_gone=watch.gone)
+
+    def _mode(self, scope: Scope, headers: dict[bytes, bytes]) -> Mode:
+        settings = self.proxy.settings
+        mode: Mode = settings.mode
+        if settings.allow_client_override:
+            asked = headers.get(b"x-guard-mode")
+            if asked is not None:
+                if not scope.get(MAY_OVERRIDE, True):
+                    raise Forbidden(
+                        "This API key may not set 'x-guard-mode'.",
+                        param="x-guard-mode",
+                        code="override_not_allowed",
+                    )
+                value = asked.decode("latin-1").strip().lower()
+                if value not in _MODES:
+                    raise BadRequest(
+                        "'x-guard-mode' must be one of enforce, monitor, off.",
+                        param="x-guard-mode",
+                    )
+                mode = value  # type: ignore[assignment]
+        return mode
+
+    def _rewrite(self, body: Any, mode: Mode) -> Rewrite:
+        proxy = self.proxy
+        try:
+            rw = rewrite_request(
+                body,
+                self.endpoint,
+                proxy.policy,
+                usage_options=proxy.usage_options and mode != "off",
+            )
+        except BadRequest as exc:
+            if exc.code == "max_tokens_over_cap":
+                model = body.get("model") if isinstance(body, dict) else None
+                proxy.metrics.max_tokens_rewritten(str(model or "unknown"), "rejected")
+            raise
+        model = rw.model or "unknown"
+        if rw.max_tokens_action is not None:
+            proxy.metrics.max_tokens_rewritten(model, rw.max_tokens_action)
+        if rw.injected_language is not None:
+            proxy.metrics.language_constraint(model, rw.injected_language)
+        if mode == "off":
+            rw.body["stream"] = rw.client_stream
+        return rw
+
+
+def _make_detector(proxy: Proxy, rw: Rewrite) -> Callable[[], Detector]:
+    config = proxy.detector_config
+    lang = rw.expected_language
+    structured = rw.structured
+
+    def make() -> Detector:
+        return Detector(config, expected_language=lang, structured=structured)
+
+    return make
+
+
+class _GuardedCall:
+    """One guarded request from upstream open to the end of the client response."""
+
+    def __init__(
+        self,
+        proxy: Proxy,
+        scope: Scope,
+        send: Send,
+        endpoint: Endpoint,
+        rw: Rewrite,
+        mode: Mode,
+        headers: dict[bytes, bytes],
+        started: float,
+    ) -> None:
+        self.proxy = proxy
+        self.scope = scope
+        self.send = send
+        self.endpoint: Endpoint = endpoint
+        self.rw = rw
+        self.mode: Mode = mode
+        self.headers = headers
+        self.started = started
+        self.status = 0
+        self.guard: StreamGuard | None = None
+        self.stream_open = False
+        #: The response head went out (after that, errors are written into the body).
+        self.head_sent = False
+        #: The body being relayed is an SSE stream (an error can still be an event).
+        self.sse_body = False
+        self.upstream_failed = False
+        self.client_continuous = False
+        self.client_body: Any = None
+        self.watch = Watch()
+        self.extra = [
+            (b"x-guard-max-tokens", rw.max_tokens_header.encode()),
+            *scope_headers(scope),
+        ]
+
+    def _upstream_headers(self) -> list[tuple[bytes, bytes]]:
+        """The client's headers for the rewritten JSON body; the guard must read the stream
+        uncompressed."""
+        out = self.proxy.forward_headers(
+            self.headers.items(),
+            self.scope.get(REQUEST_ID),
+            drop=("accept-encoding", "content-type", "x-guard-mode"),
+        )
+        out.append((b"content-type", b"application/json"))
+        out.append((b"accept-encoding", b"identity"))
+        return out
+
+    async def _open(self) -> UpstreamResponse | None:
+        proxy = self.proxy
+        path = wire_path(self.scope["path"])
+        headers = self._upstream_headers()
+        for attempt in range(2):
+            try:
+                resp = await proxy.fast.post(path, headers, orjson.dumps(self.rw.body))
+            except UpstreamFailure as exc:
+                upstream_failed(proxy, exc.kind)
+                await self._error(exc.error)
+                return None
+            if resp.status_code in (400, 422) and attempt == 0 and self._injected_usage():
+                body = await self._read_all(resp)
+                if body is None:
+                    return None
+                if any(w in body for w in _USAGE_OPTION_WORDS):
+                    log.warning(
+                        "upstream rejected stream_options; continuing without exact token counts"
+                    )
+                    proxy.usage_options = False
+                    # Rewriting is pure: run it again on the client's request, without them.
+                    self.rw = rewrite_request(
+                        self.client_body, self.endpoint, proxy.policy, usage_options=False
+                    )
+                    continue
+                upstream_failed(proxy, "status", resp.status_code)
+                await self._relay_body(resp, body)
+                return None
+            return resp
+        return None
+
+    async def _read_all(self, resp: UpstreamResponse) -> bytes | None:
+        try:
+            return await resp.aread()
+        except UpstreamFailure as exc:
+            upstream_failed(self.proxy, exc.kind)
+            await self._error(exc.error)
+            return None
+        finally:
+            await resp.aclose()
+
+    def _injected_usage(self) -> bool:
+        opts = self.rw.body.get("stream_options")
+        return isinstance(opts, dict) and opts.get("continuous_usage_stats") is True
+
+    async def _error(self, error: GuardError) -> None:
+        self.status = error.status
+        self.upstream_failed = True
+        self.head_sent = True
+        await send_error(self.send, error, scope_headers(self.scope))
+
+    async def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status = status
+        self.head_sent = True
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def _relay_body(self, resp: UpstreamResponse, body: bytes) -> None:
+        headers = response_headers(resp.headers, self.proxy.engine_url, keep_length=False)
+        headers.append((b"content-length", str(len(body)).encode()))
+        await self._start(resp.status_code, headers + self.extra)
+        await self.send({"type": "http.response.body", "body": body})
+
+    async def _relay_stream(self, resp: UpstreamResponse, watch: Watch) -> None:
+        """The upstream's answer as it is (``off`` mode, upstream errors)."""
+        headers = response_headers(resp.headers, self.proxy.engine_url, keep_length=True)
+        self.sse_body = _is_sse(resp.headers)
+        await self._start(resp.status_code, headers + self.extra)
+        send = self.send
+        try:
+            while data := await resp.read():
+                watch.seq += 1
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+                watch.seq += 1
+        except UpstreamFailure as exc:
+            upstream_failed(self.proxy, exc.kind)
+            self.upstream_failed = True
+        watch.cancellable = False
+        await send({"type": "http.response.body", "body": b""})
+
+    async def run(self, watch: Watch) -> None:
+        resp = await self._open()
+        if resp is None:
+            return
+        try:
+            if resp.status_code != 200:
+                upstream_failed(self.proxy, "status", resp.status_code)
+                await self._relay_stream(resp, watch)
+                return
+            if self.rw.body.get("stream") and not _is_sse(resp.headers):
+                # Not a stream: buffering it to EOF to find out what it is would hold the
+                # request for as long as the engine likes; the client gets a clear 502 now.
+                upstream_failed(self.proxy, "protocol")
+                await self._error(
+                    UpstreamError(
+                        "The upstream answered a streaming request without an event stream.",
+                        code="upstream_not_streaming",
+                    )
+                )
+                return
+            if self.mode == "off":
+                await self._relay_stream(resp, watch)
+                return
+            guard = self.guard = self._make_guard()
+            if self.rw.client_stream:
+                await self._stream(resp, guard, watch)
+            else:
+                await self._collect(resp, guard, watch)
+            if guard.saw_done and not guard.aborted:
+                await resp.drain(_DRAIN_SECONDS)
+        finally:
+            watch.cancellable = False
+            await resp.aclose()
+
+    def _make_guard(self) -> StreamGuard:
+        policy = GuardPolicy.for_request(
+            self.endpoint,
+            self.rw,
+            self.mode,
+            abort_finish_reason=self.proxy.settings.abort_finish_reason,
+            injected_usage=self._injected_usage(),
+            client_continuous=self.client_continuous,
+        )
+        return StreamGuard(policy, _make_detector(self.proxy, self.rw))
+
+    async def _stream(self, resp: UpstreamResponse, guard: StreamGuard, watch: Watch) -> None:
+        send = self.send
+        headers = response_headers(resp.headers, self.proxy.engine_url, keep_length=False)
+        self.sse_body = True
+        await self._start(200, headers + self.extra)
+        self.stream_open = True
+        self.proxy.metrics.stream_opened()
+        first = True
+        try:
+            while data := await resp.read():
+                out = guard.feed(data)
+                if out:
+                    watch.seq += 1
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                    watch.seq += 1
+                    if first and guard.first_content:
+                        first = False
+                        self.proxy.metrics.time_to_first_token(time.perf_counter() - self.started)
+                if guard.done:
+                    break
+            else:
+                out = guard.eof()
+                if out:
+                    watch.seq += 1
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                    watch.seq += 1
+        except UpstreamFailure as exc:
+            upstream_failed(self.proxy, exc.kind)
+            self.upstream_failed = True
+            out = guard.upstream_failed(exc.error)
+            watch.seq += 1
+            await send({"type": "http.response.body", "body": out, "more_body": True})
+            watch.seq += 1
+        watch.cancellable = False
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _collect(self, resp: UpstreamResponse, guard: StreamGuard, watch: Watch) -> None:
+        try:
+            while data := await resp.read():
+                guard.feed(data)
+                if guard.done:
+                    break
+            else:
+                guard.eof()
+        except UpstreamFailure as exc:
+            upstream_failed(self.proxy, exc.kind)
+            self.upstream_failed = True
+            guard.upstream_failed(exc.error)
+        watch.cancellable = False
+        if guard.error is not None and not guard.aborted:
+            err = guard.error
+            code = err.get("code")
+            status = code if isinstance(code, int) and 400 <= code < 600 else 502
+            body = orjson.dumps({"error": err})
+        else:
+            status = 200
+            body = orjson.dumps(guard.response(trim=self.proxy.settings.trim_on_abort))
+        await self._start(
+            status, [*JSON_HEADERS, (b"content-length", str(len(body)).encode()), *self.extra]
+        )
+        await self.send({"type": "http.response.body", "body": body})
+
+    async def deadline(self) -> None:
+        """GUARD_REQUEST_DEADLINE passed (the upstream is closed already): end the answer."""
+        error = deadline_error()
+        self.upstream_failed = True
+        if not self.head_sent:
+            await self._error(error)
+            return
+        if self.sse_body:
+            guard = self.guard
+            if guard is not None and self.rw.client_stream:
+                out = guard.upstream_failed(error)
+            else:
+                out = encode_data(error.to_json()) + DONE_EVENT
+            self.watch.seq += 1
+            await self.send({"type": "http.response.body", "body": out, "more_body": True})
+            self.watch.seq += 1
+        await self.send({"type": "http.response.body", "body": b""})
+
+    def finish(self, *, client_gone: bool) -> None:
+        proxy = self.proxy
+        elapsed = time.perf_counter() - self.started
+        if self.stream_open:
+            proxy.metrics.stream_closed()
+        guard = self.guard
+        if guard is not None:
+            outcome = guard.outcome(client_gone=client_gone)
+            choices = guard.records(self.rw.max_tokens)
+            model = self.rw.model or str((guard.template or {}).get("model") or "unknown")
+        else:
+            outcome = (
+                "client_disconnected"
+                if client_gone
+                else "upstream_error"
+                if self.upstream_failed or self.status >= 400
+                else "completed"
+            )
+            choices = []
+            model = self.rw.model or "unknown"
+        proxy.metrics.record_generation(
+            GenerationRecord(model=model, endpoint=self.endpoint, outcome=outcome, choices=choices)
+        )
+        if guard is not None and (guard.aborted or any(c.action for c in guard.choices.values())):
+            self._log_detections(guard, model)
+        proxy.metrics.request_finished(
+            self.scope["path"], 499 if client_gone else self.status, elapsed
+        )
+
+    def _log_detections(self, guard: StreamGuard, model: str) -> None:
+        """One line per detection; the text only with GUARD_LOG_TEXT=true."""
+        log_text = self.proxy.settings.log_text
+        for state in guard.choices.values():
+            v = state.verdict
+            if v is None or state.action is None:
+                continue
+            extra = f" text={state.trigger_text!r}" if log_text else ""
+            log.info(
+                "degenerate generation %s: model=%s endpoint=%s choice=%d signal=%s score=%.3f "
+                "tokens=%d onset_char=%d%s",
+                state.action,
+                model,
+                self.endpoint,
+                state.index,
+                v.signal,
+                v.score,
+                state.tokens,
+                v.onset_char,
+                extra,
+            )
+
+
+def _is_sse(headers: list[tuple[bytes, bytes]]) -> bool:
+    for name, value in headers:
+        if name.lower() == b"content-type":
+            return value.split(b";", 1)[0].strip().lower() == b"text/event-stream"
+    return False

@@ -1,0 +1,150 @@
+"""Pure-ASGI middleware for what every request needs: a request id, a canonical path, a key.
+
+Pure ASGI (not ``BaseHTTPMiddleware``) so that nothing buffers a stream or adds a task per
+request, and none of them wraps ``send``: the headers they want on the answer go into the scope
+(:data:`proxy.asgi.RESPONSE_HEADERS`) and the endpoint writes them, so a relayed chunk costs
+exactly one ``send`` however many of these run.
+
+Order (outermost first): :class:`RequestId` → :class:`CanonicalPath` → :class:`Auth` → the
+user's ``app.add_middleware(...)`` → the dispatcher. So an error from any of them already
+carries the request id, and the key check sees the canonical path (a spelling cannot reach a
+protected route unchecked).
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+import uuid
+from collections.abc import Iterable
+
+from proxy import context
+from proxy.asgi import (
+    MAY_OVERRIDE,
+    REQUEST_ID,
+    RESPONSE_HEADERS,
+    ASGIApp,
+    Receive,
+    Scope,
+    Send,
+    scope_headers,
+    send_error,
+)
+from proxy.errors import BadRequest, Unauthorized
+from proxy.paths import METRICS_ROUTES, OWN_ROUTES, PathError, canonical_path, wire_path
+
+#: A client's ``x-request-id`` is kept when it looks like an id, not like a payload.
+_SANE_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
+
+
+class RequestId:
+    """``x-request-id``: the client's when sane (≤ 128 of ``[A-Za-z0-9._:-]``), else a fresh
+    uuid4 hex. Put into the scope (the endpoints answer with it and forward it to the engine)
+    and into :data:`proxy.context.request_id` for the log formatter."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid: bytes | None = None
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                rid = value
+                break
+        if rid is None or _SANE_ID.fullmatch(rid) is None:
+            rid = uuid.uuid4().hex.encode()
+        text = rid.decode("ascii")
+        scope[REQUEST_ID] = text
+        scope[RESPONSE_HEADERS] = [(b"x-request-id", rid)]
+        token = context.request_id.set(text)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            context.request_id.reset(token)
+
+
+class CanonicalPath:
+    """Rewrite ``path``/``raw_path`` to the canonical spelling (see :mod:`proxy.paths`); 400
+    for a path that cannot be normalised. Everything inside sees, routes on and forwards only
+    the canonical path."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            raw = scope.get("raw_path") or scope["path"].encode("utf-8")
+            try:
+                path = canonical_path(raw)
+            except PathError as exc:
+                await send_error(
+                    send, BadRequest(str(exc), code="invalid_path"), scope_headers(scope)
+                )
+                return
+            if path != scope["path"] or raw != path.encode():
+                scope["path"] = path
+                scope["raw_path"] = wire_path(path).encode("ascii")
+        await self.app(scope, receive, send)
+
+
+class Auth:
+    """Bearer keys: GUARD_API_KEYS guard every route except ``/health`` and ``/ready``;
+    GUARD_PROTECT_METRICS puts ``/metrics*`` behind GUARD_API_KEYS or GUARD_METRICS_API_KEYS.
+
+    Also decides whether this request may send ``x-guard-mode``: with GUARD_OVERRIDE_API_KEYS
+    set, only those keys may (they are accepted as API keys too); unset, any accepted client
+    may. The guarded endpoint reads the answer from the scope (:data:`MAY_OVERRIDE`)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        api_keys: Iterable[str],
+        override_keys: Iterable[str],
+        metrics_keys: Iterable[str],
+        protect_metrics: bool,
+    ) -> None:
+        self.app = app
+        self.override = [k.encode() for k in override_keys]
+        self.keys = [k.encode() for k in api_keys]
+        if self.keys:
+            self.keys += self.override
+        self.metrics_keys = (
+            [*self.keys, *(k.encode() for k in metrics_keys)] if protect_metrics else None
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if path in OWN_ROUTES:
+            keys = self.metrics_keys if path in METRICS_ROUTES else None
+        else:
+            keys = self.keys or None
+        key = _bearer(scope["headers"])
+        if keys is not None and (key is None or not _match(key, keys)):
+            error = Unauthorized("Invalid or missing API key.", code="invalid_api_key")
+            await send_error(send, error, scope_headers(scope))
+            return
+        scope[MAY_OVERRIDE] = not self.override or (key is not None and _match(key, self.override))
+        await self.app(scope, receive, send)
+
+
+def _bearer(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, key = value.partition(b" ")
+            return key.strip() if scheme.lower() == b"bearer" else None
+    return None
+
+
+def _match(key: bytes, keys: list[bytes]) -> bool:
+    """Constant time per key, and every key compared (no early exit that times the list)."""
+    found = False
+    for k in keys:
+        found |= hmac.compare_digest(key, k)
+    return found

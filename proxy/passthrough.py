@@ -1,0 +1,112 @@
+"""Everything that is not a guarded route nor the proxy's own: relayed to the engine as it is.
+
+Method, canonical path, query, headers minus hop-by-hop ones, body; status, headers (an absolute
+``Location`` naming the engine made relative), streaming body. Runs under the same bounds as the
+guarded routes (disconnect, write timeout, deadline: see :mod:`proxy.bounds`).
+
+Engine routes that generate text without being guarded (:data:`proxy.paths.UNGUARDED_GENERATING`)
+come here too unless GUARD_UNGUARDED_ROUTES=reject (then the dispatcher answers 403).
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from proxy import upstream
+from proxy.asgi import (
+    REQUEST_ID,
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    response_headers,
+    scope_headers,
+    send_error,
+)
+from proxy.bounds import Watch, watched
+from proxy.errors import GuardError
+from proxy.guarded import deadline_error, upstream_failed
+from proxy.paths import wire_path
+from proxy.state import Proxy
+
+
+class Passthrough:
+    """The ASGI endpoint for every relayed route."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        proxy = self.proxy
+        started = time.perf_counter()
+        headers = dict(scope["headers"])
+        extra = scope_headers(scope)
+        try:
+            body = await read_body(receive, headers, proxy.settings.max_body_bytes)
+        except ClientGone:
+            return
+        except GuardError as exc:
+            await send_error(send, exc, extra)
+            proxy.metrics.request_finished("passthrough", exc.status, time.perf_counter() - started)
+            return
+        target = wire_path(scope["path"])
+        if scope.get("query_string"):
+            target += "?" + scope["query_string"].decode("latin-1")
+        status = 0
+        head_sent = False
+
+        async def work(watch: Watch) -> None:
+            nonlocal status, head_sent
+            client = proxy.client
+            req = client.build_request(
+                scope["method"],
+                target,
+                headers=proxy.forward_headers(scope["headers"], scope.get(REQUEST_ID)),
+                content=body,
+            )
+            try:
+                resp = await client.send(req, stream=True)
+            except httpx.HTTPError as exc:
+                upstream_failed(proxy, upstream.error_kind(exc))
+                err = upstream.translate(exc)
+                status = err.status
+                head_sent = True
+                await send_error(send, err, extra)
+                return
+            try:
+                status = resp.status_code
+                head = response_headers(resp.headers.raw, proxy.engine_url, keep_length=True)
+                head_sent = True
+                await send(
+                    {"type": "http.response.start", "status": status, "headers": head + extra}
+                )
+                try:
+                    async for data in resp.aiter_raw():
+                        watch.seq += 1
+                        await send({"type": "http.response.body", "body": data, "more_body": True})
+                        watch.seq += 1
+                except httpx.HTTPError as exc:
+                    # Headers are out: all that is left is to end the body (a short body).
+                    upstream_failed(proxy, upstream.error_kind(exc))
+                watch.cancellable = False
+                await send({"type": "http.response.body", "body": b""})
+            finally:
+                watch.cancellable = False
+                await resp.aclose()
+
+        async def deadline() -> None:
+            # The route's format is unknown here: a 504 if nothing went out, else a short body.
+            nonlocal status
+            if not head_sent:
+                status = 504
+                await send_error(send, deadline_error(), extra)
+            else:
+                await send({"type": "http.response.body", "body": b""})
+
+        watch = await watched(receive, send, work, Watch(), proxy.bounds, deadline)
+        proxy.metrics.request_finished(
+            "passthrough", 499 if watch.gone else status, time.perf_counter() - started
+        )

@@ -1,0 +1,93 @@
+"""Per-worker state the endpoints share: settings, metrics, upstream clients, bounds.
+
+One :class:`Proxy` per app (one app per worker process). Everything here is resolved once at
+start-up so the per-request code only reads fields.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import httpx
+
+from proxy import upstream
+from proxy.bounds import Bounds, Expiry
+from proxy.detect import DetectorConfig
+from proxy.metrics import Metrics
+from proxy.rewrite import RewritePolicy
+from proxy.settings import Settings
+from proxy.upstream_http import UpstreamClient
+
+log = logging.getLogger("coherence_guard")
+
+#: Client headers never sent to the engine, whatever the route: ``expect`` (the proxy has read
+#: the body already; a forwarded ``100-continue`` only confuses the exchange) and the request id
+#: (replaced by the one the proxy chose).
+_NEVER_FORWARDED = ("expect", "x-request-id")
+
+
+class Proxy:
+    """Request handling state shared by all requests of one app (one per worker)."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, detector_config: DetectorConfig):
+        self.settings = settings
+        self.metrics = metrics
+        self.detector_config = detector_config
+        self.policy = RewritePolicy.from_settings(settings)
+        self.engine_url = upstream.base_url(settings.upstream_url)
+        self._client: httpx.AsyncClient | None = None
+        #: The guarded POSTs' own client (see proxy/upstream_http.py); httpx for the rest.
+        self.fast = UpstreamClient(
+            settings.upstream_url,
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.read_timeout,
+        )
+        #: False once this upstream rejected the usage stream options (remembered per upstream).
+        self.usage_options = True
+        self.bounds = Bounds(
+            write_timeout=settings.client_write_timeout,
+            deadline=settings.request_deadline,
+            on_expire=self._expired,
+        )
+        key = settings.upstream_api_key
+        self._upstream_auth = None if key is None else b"Bearer " + key.encode()
+
+    def _expired(self, kind: Expiry) -> None:
+        self.metrics.client_timeout(kind)
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = upstream.make_client(
+                self.settings.upstream_url,
+                connect_timeout=self.settings.connect_timeout,
+                read_timeout=self.settings.read_timeout,
+                max_connections=self.settings.upstream_max_connections,
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        self.bounds.close()
+        await self.fast.aclose()
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def forward_headers(
+        self,
+        raw: Iterable[tuple[bytes, bytes]],
+        request_id: str | None,
+        drop: Iterable[str] = (),
+    ) -> list[tuple[bytes, bytes]]:
+        """The client's headers for the engine: hop-by-hop ones and ``drop`` removed, the
+        request id forwarded, ``Authorization`` replaced by GUARD_UPSTREAM_API_KEY when set."""
+        dropped = [*_NEVER_FORWARDED, *drop]
+        if self._upstream_auth is not None:
+            dropped.append("authorization")
+        out = upstream.forward_headers(raw, drop=dropped)
+        if self._upstream_auth is not None:
+            out.append((b"authorization", self._upstream_auth))
+        if request_id is not None:
+            out.append((b"x-request-id", request_id.encode()))
+        return out

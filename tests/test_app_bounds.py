@@ -1,0 +1,241 @@
+"""Bounds: a client that stops reading is dropped (and the engine's slot freed); a request that
+runs past GUARD_REQUEST_DEADLINE is ended properly."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+from collections.abc import Callable
+
+import httpx
+import orjson
+import pytest
+
+from proxy.app import create_app
+from proxy.bounds import Bounds, Watch
+from proxy.metrics import Metrics
+from proxy.settings import load_settings
+from tests.conftest import ProxyServer
+from tests.fakes.vllm import FakeVLLM, Script
+
+ProxyFactory = Callable[..., str]
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+#: Long enough (~20 MB of SSE) to fill every buffer between the engine and a stalled client.
+VARIED = " ".join(f"token{i}-{'x' * (i % 40)}" for i in range(60_000))
+
+
+class _Messages(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _timeouts(metrics: Metrics, kind: str) -> float:
+    value = metrics.infra_registry.get_sample_value(
+        "guard_proxy_client_timeouts_total", {"kind": kind}
+    )
+    return value or 0.0
+
+
+# ---------------------------------------------------------------------------- the sweep (pure)
+
+
+def test_the_sweep_fires_after_the_timeout_never_before() -> None:
+    """A watch inside a send (odd seq) that does not move is expired after the write timeout;
+    one whose seq keeps moving, or that is between sends, is left alone."""
+
+    async def main() -> tuple[bool, bool, bool, list[str]]:
+        kinds: list[str] = []
+        bounds = Bounds(write_timeout=0.3, deadline=0, on_expire=kinds.append)
+        stalled, moving, idle = Watch(), Watch(), Watch()
+        tasks = [asyncio.create_task(asyncio.sleep(5)) for _ in range(3)]
+        for w, t in zip((stalled, moving, idle), tasks, strict=True):
+            w.task = t
+            bounds.add(w)
+        stalled.seq = 1
+        idle.seq = 2
+        await asyncio.sleep(0.2)
+        early = tasks[0].cancelled() or tasks[0].cancelling() > 0
+        for _ in range(8):
+            moving.seq += 2
+            await asyncio.sleep(0.1)
+        for t in tasks[1:]:
+            t.cancel()
+        bounds.close()
+        return early, stalled.expired == "write", moving.expired is None, kinds
+
+    early, stalled, moving_ok, kinds = asyncio.run(main())
+    assert not early and stalled and moving_ok
+    assert kinds == ["write"]
+
+
+def test_the_deadline_spares_a_request_that_is_finishing() -> None:
+    async def main() -> tuple[str | None, str | None]:
+        bounds = Bounds(write_timeout=10, deadline=0.2)
+        live, finishing = Watch(), Watch()
+        finishing.cancellable = False
+        for w in (live, finishing):
+            w.task = asyncio.create_task(asyncio.sleep(5))
+            bounds.add(w)
+        await asyncio.sleep(0.5)
+        assert finishing.task is not None
+        finishing.task.cancel()
+        bounds.close()
+        return live.expired, finishing.expired
+
+    assert asyncio.run(main()) == ("deadline", None)
+
+
+# ---------------------------------------------------------------------------- a stalled client
+
+
+@pytest.mark.parametrize(
+    ("mode", "path"),
+    [
+        ("off", "/v1/chat/completions"),
+        ("monitor", "/v1/chat/completions"),
+        ("enforce", "/inference/v1/generate"),  # pass-through: the same bound
+    ],
+)
+def test_a_client_that_stops_reading_is_dropped_and_the_engine_freed(
+    fake_upstream: FakeVLLM, mode: str, path: str
+) -> None:
+    """A real socket with a tiny receive buffer reads the first bytes, then nothing: within
+    GUARD_CLIENT_WRITE_TIMEOUT + 2 s the fake engine sees its connection closed.
+
+    The engine is paced (so it is still generating then, not done into the kernel's buffers)
+    and the proxy's listening socket has a fixed 16 KiB send buffer (inherited by the accepted
+    socket): without it Linux grows the buffer to megabytes and the test would mostly measure
+    how long the paced engine takes to fill it."""
+    fake_upstream.script = Script(texts=[VARIED], chunk_delay=0.0002)
+    metrics = Metrics()
+    timeout = 1.0
+    settings = load_settings(
+        upstream_url=fake_upstream.url,
+        upstream_metrics_interval=0,
+        mode=mode,
+        client_write_timeout=timeout,
+    )
+    server = ProxyServer(create_app(settings, metrics=metrics))
+    server.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+    server_errors = _Messages()
+    logging.getLogger("uvicorn.error").addHandler(server_errors)
+    server.start()
+    request = {**CHAT, "stream": True, "max_tokens": 100_000}
+    if path == "/inference/v1/generate":
+        request = {"model": "m", "input": "hi", "stream": True}
+    body = orjson.dumps(request)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", server.port))
+    try:
+        sock.sendall(
+            b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (path.encode(), len(body), body)
+        )
+        assert sock.recv(1024).startswith(b"HTTP/1.1 200")
+        stopped = time.monotonic()
+        assert fake_upstream.wait_for(
+            lambda: bool(fake_upstream.requests) and fake_upstream.last.disconnected is not None,
+            timeout=timeout + 6,
+        ), "the engine never saw the proxy close the stream"
+        rec = fake_upstream.last
+        assert rec.disconnected is not None and not rec.completed
+        assert rec.disconnected - stopped <= timeout + 2
+        assert _timeouts(metrics, "write") == 1
+        # The proxy's side of the connection is gone (what the kernel still holds ends in
+        # EOF or a reset), and the server saw it go (no "response not completed" error).
+        sock.settimeout(2)
+        with contextlib.suppress(ConnectionResetError):
+            while sock.recv(65536):
+                pass
+        assert not [m for m in server_errors.messages if "without completing" in m]
+    finally:
+        sock.close()
+        server.stop()
+        logging.getLogger("uvicorn.error").removeHandler(server_errors)
+
+
+def test_a_reading_client_is_never_dropped(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+) -> None:
+    """Slow tokens (longer in total than the write timeout) reach a client that reads."""
+    fake_upstream.script = Script(texts=["a b c d e f g h"], chunk_delay=0.1)
+    metrics = Metrics()
+    base = proxy_server(client_write_timeout=0.2, metrics=metrics)
+    r = httpx.post(base + "/v1/chat/completions", json={**CHAT, "stream": True})
+    assert r.content.endswith(b"data: [DONE]\n\n") and b'"finish_reason":"stop"' in r.content
+    assert _timeouts(metrics, "write") == 0
+
+
+# ---------------------------------------------------------------------------- the deadline
+
+
+def _events(body: bytes) -> list[bytes]:
+    return [b for b in body.split(b"\n\n") if b]
+
+
+@pytest.mark.parametrize("mode", ["enforce", "off"])
+def test_a_stream_past_the_deadline_ends_with_an_error_event(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory, mode: str
+) -> None:
+    """Guarded (the guard writes the end) or relayed as is (``off``): the same ending."""
+    fake_upstream.script = Script(texts=[" ".join(f"w{i}" for i in range(40))], chunk_delay=0.1)
+    metrics = Metrics()
+    base = proxy_server(request_deadline=0.6, metrics=metrics, mode=mode)
+    started = time.monotonic()
+    r = httpx.post(base + "/v1/chat/completions", json={**CHAT, "stream": True})
+    elapsed = time.monotonic() - started
+    assert r.status_code == 200 and elapsed < 2.5
+    events = _events(r.content)
+    assert events[-1] == b"data: [DONE]"
+    error = json.loads(events[-2][len(b"data: ") :])["error"]
+    assert error["code"] == "request_deadline"
+    assert any(b'"content":" w1"' in e for e in events)  # tokens went out before the end
+    assert fake_upstream.wait_for(lambda: fake_upstream.last.disconnected is not None)
+    assert not fake_upstream.last.completed
+    assert _timeouts(metrics, "deadline") == 1
+
+
+@pytest.mark.parametrize("mode", ["enforce", "off"])
+def test_a_non_streaming_request_past_the_deadline_gets_504(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory, mode: str
+) -> None:
+    """enforce reads a paced stream; off asks for a JSON answer, which never comes."""
+    words = " ".join(f"w{i}" for i in range(40))
+    fake_upstream.script = (
+        Script(texts=[words], chunk_delay=0.1) if mode == "enforce" else Script(hang=True)
+    )
+    base = proxy_server(request_deadline=0.5, mode=mode)
+    r = httpx.post(base + "/v1/chat/completions", json=CHAT)
+    assert r.status_code == 504
+    assert r.json()["error"]["code"] == "request_deadline"
+    assert r.headers["x-request-id"]
+
+
+def test_a_stream_whose_engine_is_silent_past_the_deadline_gets_504(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+) -> None:
+    fake_upstream.script = Script(hang=True)
+    base = proxy_server(request_deadline=0.5)
+    r = httpx.post(base + "/v1/chat/completions", json={**CHAT, "stream": True})
+    assert r.status_code == 504 and r.json()["error"]["code"] == "request_deadline"
+    assert fake_upstream.wait_for(lambda: fake_upstream.last.disconnected is not None)
+
+
+def test_a_pass_through_stream_past_the_deadline_is_cut(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+) -> None:
+    fake_upstream.script = Script(texts=[" ".join(f"w{i}" for i in range(40))], chunk_delay=0.1)
+    base = proxy_server(request_deadline=0.5)
+    r = httpx.post(base + "/inference/v1/generate", json={"model": "m", "input": "x"})
+    assert r.status_code == 200
+    assert 0 < r.content.count(b"response.output_text.delta") < 40
+    assert fake_upstream.wait_for(lambda: fake_upstream.last.disconnected is not None)
