@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from proxy.detect import DetectorConfig
 
 RESULTS_JSONL = "results.jsonl"
+#: Prompt tokens llama.cpp's penalty window covers beyond the answer (see ``_body``).
+_PROMPT_ALLOWANCE = 512
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -291,7 +293,7 @@ class Progress:
 
 
 def _body(cell: Cell, max_tokens: int) -> dict[str, Any]:
-    return {
+    body: dict[str, Any] = {
         "model": cell.model,
         "messages": [{"role": "user", "content": cell.prompt.text}],
         "max_tokens": max_tokens,
@@ -301,6 +303,12 @@ def _body(cell: Cell, max_tokens: int) -> dict[str, Any]:
         "repetition_penalty": cell.repetition_penalty,
         "repeat_penalty": cell.repetition_penalty,
     }
+    if cell.repetition_penalty != 1.0:
+        # vLLM penalises every token of the prompt and the answer; llama.cpp only the last 64
+        # unless told otherwise, and a narrative loop's period is longer than that (measured:
+        # SmolLM2 at 1.3 still loops with 64, not with the whole answer in the window).
+        body["repeat_last_n"] = max_tokens + _PROMPT_ALLOWANCE
+    return body
 
 
 async def _measure(

@@ -395,7 +395,10 @@ def render_env(summary: dict[str, Any]) -> str:
     else:
         lines.append("# GUARD_MAX_TOKENS_CAP: nothing to recommend (no degeneration measured)")
     if sampling:
-        lines.append("# vLLM's field name; llama.cpp's server reads repeat_penalty instead")
+        lines.append(
+            "# vLLM's field name; llama.cpp's server reads repeat_penalty (and repeat_last_n "
+            "covering the answer: calibrate sends both)"
+        )
         lines.append(f"GUARD_SAMPLING_DEFAULTS='{json.dumps(sampling, sort_keys=True)}'")
     return "\n".join(lines) + "\n"
 
