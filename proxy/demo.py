@@ -497,15 +497,18 @@ def demo_stack(
 
 
 def _wait_for_interrupt() -> None:
+    """Block until Ctrl-C or SIGTERM. Both are handled here explicitly: a demo started in the
+    background inherits an ignored SIGINT, and Python then raises no KeyboardInterrupt."""
     stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    handlers = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         while not stop.wait(0.5):
             pass
-    except KeyboardInterrupt:
-        pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, previous in handlers.items():
+            signal.signal(sig, previous)
 
 
 def run(args: argparse.Namespace) -> int:

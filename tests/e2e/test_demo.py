@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from proxy.detect import SIGNALS
-from tests.e2e.support import ROOT, record_figure
+from tests.e2e.support import ROOT, record_figure, sample_value
+from tests.net import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -85,3 +88,46 @@ def test_demo_prints_the_guard_cutting_a_real_loop(
         {"wall_s": round(elapsed, 1), "verdict_at_token": guard_tokens, "signal": signal,
          "tokens_saved": saved, "engine_s": engine_s, "guard_s": guard_s},
     )  # fmt: skip
+
+
+def test_demo_keeps_serving_until_interrupted_and_stops_both_children(
+    manifest: dict[str, Any], tmp_path: Path
+) -> None:
+    """Without --no-serve the guard stays up on --port with its metrics, and Ctrl-C (SIGINT)
+    stops the guard and the engine and exits 0."""
+    pytest.importorskip("xllamacpp", reason="pip install '.[demo]'")
+    site = _site_with_model_package(manifest, tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
+    port = free_port()
+    with subprocess.Popen(
+        [sys.executable, "-m", "proxy", "demo", "--port", str(port), "--threads", "1",
+         "--max-tokens", "48", "--log-dir", str(tmp_path / "logs")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    ) as proc:  # fmt: skip
+        try:
+            _serve_and_interrupt(proc, port)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _serve_and_interrupt(proc: subprocess.Popen[str], port: int) -> None:
+    assert proc.stdout is not None
+    lines: list[str] = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("Ctrl-C stops"):
+            break
+    assert lines and lines[-1].startswith("Ctrl-C stops"), "".join(lines)
+    guard = f"http://127.0.0.1:{port}"
+    engine = re.search(r"\(engine: (http://[0-9.:]+)\)", "".join(lines))
+    assert engine is not None
+    quality = httpx.get(guard + "/metrics/quality", timeout=10).text
+    assert sample_value(quality, "guard_generations_total", outcome="completed") == 2.0
+    assert httpx.get(engine.group(1) + "/health", timeout=10).status_code == 200
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 0
+    for url in (guard, engine.group(1)):
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url + "/health", timeout=5)
