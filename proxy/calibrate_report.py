@@ -83,9 +83,14 @@ def summarize(
         observations = [_observation(r) for r in rows]
         cells: dict[tuple[str, str], list[Observation]] = defaultdict(list)
         settings: dict[Setting, list[Observation]] = defaultdict(list)
+        cell_settings: dict[tuple[str, str], dict[Setting, list[Observation]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
         for row, obs in zip(rows, observations, strict=True):
+            setting = Setting(row["repetition_penalty"], row["temperature"])
             cells[(row["task"], row["language"])].append(obs)
-            settings[Setting(row["repetition_penalty"], row["temperature"])].append(obs)
+            settings[setting].append(obs)
+            cell_settings[(row["task"], row["language"])][setting].append(obs)
         points = positions(observations)
         cap = recommend_cap(points, quantile, margin)
         if cap is None:
@@ -114,6 +119,7 @@ def summarize(
                     "signals": signal_counts(obs),
                     "survival": survival_curve(obs, max_tokens),
                     "max_tokens_cap": recommend_cap(positions(obs), quantile, margin),
+                    "best_setting": _cell_best(cell_settings[(task, language)]),
                 }
                 for (task, language), obs in sorted(cells.items())
             ],
@@ -139,6 +145,22 @@ def summarize(
             },
         }
     return {"kind": "calibration", "quantile": quantile, "margin": margin, "models": models}
+
+
+def _cell_best(by_setting: dict[Setting, list[Observation]]) -> dict[str, Any] | None:
+    """The cell's best setting, when it has fewer degenerate answers than the mildest one."""
+    best = best_setting(by_setting)
+    if best is None or degeneration_rate(by_setting[best]) >= degeneration_rate(
+        by_setting[min(by_setting)]
+    ):
+        return None
+    obs = by_setting[best]
+    return {
+        "repetition_penalty": best.repetition_penalty,
+        "temperature": best.temperature,
+        "answers": len(obs),
+        "degenerate": sum(o.degenerate for o in obs),
+    }
 
 
 def _quantile_text(points: Sequence[int], q: float) -> str:
@@ -233,7 +255,7 @@ def _plot(
     columns = min(3, len(panels))
     rows = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(
-        rows, columns, figsize=(4.2 * columns, 3.2 * rows), squeeze=False, sharey=True
+        rows, columns, figsize=(max(6.4, 4.2 * columns), 3.2 * rows), squeeze=False, sharey=True
     )
     for index, (panel_title, curves) in enumerate(panels):
         ax = axes[index // columns][index % columns]
@@ -332,16 +354,25 @@ def render_markdown(summary: dict[str, Any], plots: dict[str, list[str]]) -> str
         lines.append("")
         if summary["kind"] == "calibration":
             lines += [
-                "| task | language | degenerate | positions (tokens) | signals | cap |",
-                "|---|---|---:|---|---|---:|",
+                "| task | language | degenerate | positions (tokens) | signals | cap "
+                "| better with |",
+                "|---|---|---:|---|---|---:|---|",
             ]
             for cell in data["cells"]:
                 cap = cell["max_tokens_cap"]
+                best = cell["best_setting"]
+                fix = (
+                    f"repetition_penalty={best['repetition_penalty']:g} "
+                    f"temperature={best['temperature']:g}: "
+                    f"{_share(best['degenerate'], best['answers'])}"
+                    if best
+                    else "-"
+                )
                 lines.append(
                     f"| {cell['task']} | {cell['language']} | "
                     f"{_share(cell['degenerate'], cell['answers'])} | "
                     f"{_positions_text(cell['positions'])} | "
-                    f"{_signals_text(cell['signals']) or '-'} | {cap if cap else '-'} |"
+                    f"{_signals_text(cell['signals']) or '-'} | {cap if cap else '-'} | {fix} |"
                 )
             lines += [
                 "",

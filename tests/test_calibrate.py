@@ -117,6 +117,10 @@ def test_a_run_finds_the_loops_recommends_a_cap_below_them_and_the_penalty(
         ("narrative", "en"), ("narrative", "it"), ("qa", "en"), ("qa", "it"),
     }  # fmt: skip
 
+    for cell in model["cells"]:  # each task x language is cured by the same penalty
+        assert cell["best_setting"] == {
+            "repetition_penalty": 1.2, "temperature": 0.0, "answers": 2, "degenerate": 0,
+        }  # fmt: skip
     env = (out / "calibrate.env").read_text()
     assert f"\nGUARD_MAX_TOKENS_CAP={cap}\n" in env
     assert 'GUARD_SAMPLING_DEFAULTS=\'{"fake-model": {"repetition_penalty": 1.2}}\'' in env
@@ -124,6 +128,8 @@ def test_a_run_finds_the_loops_recommends_a_cap_below_them_and_the_penalty(
     assert data["models"][MODEL]["recommendation"]["max_tokens_cap"] == cap
     report = (out / "report.md").read_text()
     assert f"cap {cap} = the 0.1 quantile of 8 degeneration positions" in report
+    assert "| narrative | it | 2/4 |" in report
+    assert report.count("| repetition_penalty=1.2 temperature=0: 0/2 |") == 4
     for png in ("survival-fake-model-tasks.png", "survival-fake-model-settings.png"):
         assert f"![{png}]({png})" in report
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
