@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -90,6 +91,13 @@ def _floats(text: str) -> list[float]:
     if not values:
         raise argparse.ArgumentTypeError("expected at least one number")
     return values
+
+
+def _duration(text: str) -> str:
+    """A PromQL duration (``7d``, ``1h30m``): it goes into the query text as it is."""
+    if not re.fullmatch(r"(\d+(ms|[smhdwy]))+", text):
+        raise argparse.ArgumentTypeError(f"not a Prometheus duration: {text!r} (e.g. 7d, 12h)")
+    return text
 
 
 def _names(text: str) -> list[str]:
@@ -160,7 +168,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tokens the cap keeps below that quantile (default 32)",
     )  # fmt: skip
     parser.add_argument(
-        "--range", default="7d", dest="range_",
+        "--range", default="7d", dest="range_", type=_duration, metavar="DURATION",
         help="with --from-prometheus: the window to read (PromQL duration, default 7d)",
     )  # fmt: skip
     parser.add_argument(

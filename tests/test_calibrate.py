@@ -245,13 +245,21 @@ def test_cli_prints_the_recommendation_and_exits_0(
         (["--url", "http://127.0.0.1:9", "--seeds", "0"], "--seeds must be >= 1"),
         (["--url", "http://127.0.0.1:9", "--languages", "xx"], "no built-in prompts"),
         ([], "give --url"),
+        (
+            ["--from-prometheus", "http://127.0.0.1:9", "--range", "7d]) or vector(1"],
+            "not a Prometheus duration",
+        ),
     ],
-    ids=["unreachable", "no-seeds", "unknown-language", "no-source"],
+    ids=["unreachable", "no-seeds", "unknown-language", "no-source", "bad-range"],
 )
 def test_cli_errors_exit_2_with_a_reason(
     argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["calibrate", *argv, "--output", str(tmp_path)]) == 2
+    try:
+        code = main(["calibrate", *argv, "--output", str(tmp_path)])
+    except SystemExit as exc:  # argparse's own refusals
+        code = int(exc.code or 0)
+    assert code == 2
     assert message in capsys.readouterr().err
 
 
