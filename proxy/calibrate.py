@@ -345,6 +345,7 @@ async def _measure(
         "degenerate_at": answer.degenerate_at,
         "signal": answer.signal,
         "guard_signal": guard.get("signal") if guard.get("action") == "aborted" else None,
+        "guard_at": guard.get("completion_tokens") if guard.get("action") == "aborted" else None,
         "seconds": round(answer.seconds, 3),
     }
 

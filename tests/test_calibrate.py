@@ -190,6 +190,7 @@ def test_through_the_proxy_the_guard_and_the_monitor_agree(
     ]
     loops = [r for r in records if r["repetition_penalty"] == 1.0]
     assert loops and all(r["guard_signal"] == r["signal"] for r in loops)
+    assert all(r["guard_at"] == r["degenerate_at"] for r in loops)
     assert {r["finish_reason"] for r in loops} == {"content_filter"}
 
 
