@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -128,3 +129,26 @@ def test_histogram_survival_is_one_minus_aborted_share_per_bound() -> None:
     buckets = [(256.0, 2.0), (512.0, 8.0), (math.inf, 10.0)]
     assert histogram_survival(buckets, 40.0) == [(256.0, 0.95), (512.0, 0.8)]
     assert histogram_survival(buckets, 0.0) == []
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 500), st.one_of(st.none(), st.integers(1, 500))),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_survival_never_rises_and_ends_at_the_coherent_share(
+    answers: list[tuple[int, int | None]],
+) -> None:
+    """Property: the curve starts at 1, never rises, its steps sit at degeneration positions,
+    and at the horizon it equals the share of answers that never degenerated."""
+    observations = [Obs(tokens, at) for tokens, at in answers]
+    curve = survival_curve(observations, 500)
+    shares = [share for _, share in curve]
+    assert curve[0] == (0, 1.0) and curve[-1][0] == 500
+    assert all(a >= b for a, b in itertools.pairwise(shares))
+    steps = {k for k, _ in curve[1:-1]}
+    assert steps <= {at for _, at in answers if at is not None}
+    coherent = sum(at is None for _, at in answers) / len(answers)
+    assert curve[-1][1] == pytest.approx(coherent)
