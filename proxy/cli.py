@@ -21,6 +21,8 @@ _COMMANDS = {
     ),
     "score": ("proxy.scoring", "run the detector offline over a JSONL file of texts"),
     "check": ("proxy.check", "three-tier coherence check of a deployment"),
+    "demo": ("proxy.demo", "a real model loops on a laptop, with and without the guard"),
+    "calibrate": ("proxy.calibrate", "measure where a model degenerates; recommend caps"),
 }
 
 

