@@ -35,6 +35,7 @@ from proxy.records import GenerationRecord
 from proxy.relay import Mode, StreamGuard
 from proxy.rewrite import Endpoint, Rewrite, RewritePolicy, rewrite_request
 from proxy.settings import Settings, load_detector_config, load_settings
+from proxy.upstream import UpstreamConfig
 from proxy.upstream_http import Response as UpstreamResponse
 from proxy.upstream_http import UpstreamClient, UpstreamFailure
 
@@ -104,12 +105,10 @@ class Proxy:
         self.detector_config = detector_config
         self.policy = RewritePolicy.from_settings(settings)
         self._client: httpx.AsyncClient | None = None
+        #: One upstream configuration (TLS, timeouts, limits, key) for both clients.
+        self.upstream = UpstreamConfig.from_settings(settings)
         #: The guarded POSTs' own client (see proxy/upstream_http.py); httpx for the rest.
-        self.fast = UpstreamClient(
-            settings.upstream_url,
-            connect_timeout=settings.connect_timeout,
-            read_timeout=settings.read_timeout,
-        )
+        self.fast = UpstreamClient(self.upstream)
         #: False once this upstream rejected the usage stream options (remembered per upstream).
         self.usage_options = True
         self._keys = [k.encode() for k in settings.api_keys]
@@ -117,11 +116,7 @@ class Proxy:
     @property
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = upstream.make_client(
-                self.settings.upstream_url,
-                connect_timeout=self.settings.connect_timeout,
-                read_timeout=self.settings.read_timeout,
-            )
+            self._client = self.upstream.httpx_client()
         return self._client
 
     async def aclose(self) -> None:
@@ -295,7 +290,7 @@ class Proxy:
     def upstream_headers(self, headers: dict[bytes, bytes]) -> list[tuple[bytes, bytes]]:
         """The client's headers (``Authorization`` included) for the rewritten JSON body; the
         guard must read the stream uncompressed."""
-        out = upstream.forward_headers(
+        out = self.upstream.forward_headers(
             headers.items(), drop=("accept-encoding", "content-type", "x-guard-mode")
         )
         out.append((b"content-type", b"application/json"))
@@ -326,7 +321,7 @@ class Proxy:
             req = self.client.build_request(
                 scope["method"],
                 target,
-                headers=upstream.forward_headers(scope["headers"]),
+                headers=self.upstream.forward_headers(scope["headers"]),
                 content=body,
             )
             try:
