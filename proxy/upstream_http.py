@@ -349,9 +349,24 @@ class UpstreamClient:
         self._idle: list[_Connection] = []
 
     @classmethod
-    def for_url(cls, url: str, **options: float) -> UpstreamClient:
-        """A client with default TLS for ``url`` (``options``: timeouts, max_connections)."""
-        return cls(UpstreamConfig.create(url, **options))
+    def for_url(
+        cls,
+        url: str,
+        *,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 600.0,
+        write_timeout: float = 30.0,
+        max_connections: int = 1024,
+    ) -> UpstreamClient:
+        """A client with default TLS and no key for ``url`` (tests, tools)."""
+        config = UpstreamConfig.create(
+            url,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            write_timeout=write_timeout,
+            max_connections=max_connections,
+        )
+        return cls(config)
 
     @property
     def idle_connections(self) -> int:
