@@ -430,10 +430,14 @@ class UpstreamClient:
             head += (b"\r\n", name, b": ", value)
         head += (b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\n\r\n")
         request = b"".join(head) + body
-        try:
-            await asyncio.wait_for(self._slots.acquire(), self.connect_timeout)
-        except TimeoutError:
-            raise failure("timeout", "No upstream connection was free in time.") from None
+        if self._slots.locked():
+            try:
+                async with asyncio.timeout(self.connect_timeout):
+                    await self._slots.acquire()
+            except TimeoutError:
+                raise failure("timeout", "No upstream connection was free in time.") from None
+        else:
+            await self._slots.acquire()  # free: returns without yielding to the loop
         conn: _Connection | None = None
         try:
             conn = self._pooled() or await self._connect()

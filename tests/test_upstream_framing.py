@@ -24,8 +24,10 @@ def body_of(n: int) -> bytes:
     return orjson.dumps({"model": "m", "prompt": f"request {n}"})
 
 
-def client(url: str, *, read_timeout: float = 5.0, **kw: float) -> UpstreamClient:
-    return UpstreamClient.for_url(url, connect_timeout=2, read_timeout=read_timeout, **kw)  # type: ignore[arg-type]
+def client(url: str, *, read_timeout: float = 5.0, write_timeout: float = 30.0) -> UpstreamClient:
+    return UpstreamClient.for_url(
+        url, connect_timeout=2, read_timeout=read_timeout, write_timeout=write_timeout
+    )
 
 
 async def fetch(up: UpstreamClient, n: int) -> bytes:
@@ -284,7 +286,7 @@ async def test_stale_connection_found_at_send_is_skipped_even_before_the_loop_se
         up = client(server.url)
         assert await fetch(up, 0) == b"answer to " + body_of(0)
         await closed.wait()
-        time.sleep(0.05)  # blocking on purpose: the FIN arrives, the loop does not run
+        time.sleep(0.05)  # noqa: ASYNC251 -- blocking on purpose: the FIN arrives, the loop does not run
         assert await fetch(up, 1) == b"answer to " + body_of(1)
         assert [body for _, body in server.requests] == [body_of(0), body_of(1)]
         await up.aclose()

@@ -25,6 +25,10 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
+#: Delay between reading a request and answering it.
+PREFILL_SECONDS = 0.003
+
+
 def _text(req: dict[str, Any]) -> str:
     if "messages" in req:
         return str(req["messages"][-1]["content"])
@@ -97,6 +101,9 @@ async def asgi_engine(scope: Scope, receive: Receive, send: Send) -> None:
             break
     req = orjson.loads(body) if body else {}
     path = scope["path"]
+    # Prefill: the answer starts a moment after the body was read, so an interim ``100
+    # Continue`` (written when the body is read) travels in its own packet, as with vLLM.
+    await asyncio.sleep(PREFILL_SECONDS)
     if req.get("stream"):
         await send(
             {
@@ -155,6 +162,7 @@ class UvicornEngine:
 
 async def _aiohttp_handler(request: web.Request) -> web.StreamResponse:
     req = orjson.loads(await request.read())
+    await asyncio.sleep(PREFILL_SECONDS)
     if not req.get("stream"):
         return web.Response(body=json_answer(request.path, req), content_type="application/json")
     resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
