@@ -38,6 +38,7 @@ from proxy.settings import Settings, load_detector_config, load_settings
 from proxy.upstream import UpstreamConfig
 from proxy.upstream_http import Response as UpstreamResponse
 from proxy.upstream_http import UpstreamClient, UpstreamFailure
+from proxy.usage_options import UsageOptions, names_usage_option
 
 log = logging.getLogger("coherence_guard")
 
@@ -54,8 +55,6 @@ _JSON = [(b"content-type", b"application/json")]
 _OWN_HEADERS = ("date", "server")
 #: How long to wait for the end of a body after ``[DONE]`` before giving the connection up.
 _DRAIN_SECONDS = 1.0
-#: Words an engine's 400 uses when it rejects the usage options the proxy adds.
-_USAGE_OPTION_WORDS = (b"stream_options", b"continuous_usage_stats", b"include_usage")
 
 
 class ClientGone(Exception):
@@ -109,8 +108,8 @@ class Proxy:
         self.upstream = UpstreamConfig.from_settings(settings)
         #: The guarded POSTs' own client (see proxy/upstream_http.py); httpx for the rest.
         self.fast = UpstreamClient(self.upstream)
-        #: False once this upstream rejected the usage stream options (remembered per upstream).
-        self.usage_options = True
+        #: Off for a while once this upstream rejected the usage stream options.
+        self.usage_options = UsageOptions(on_change=metrics.usage_options_fallback)
         self._keys = [k.encode() for k in settings.api_keys]
 
     @property
@@ -260,9 +259,8 @@ class Proxy:
 
     def _rewrite(self, body: Any, endpoint: Endpoint, mode: Mode) -> Rewrite:
         try:
-            rw = rewrite_request(
-                body, endpoint, self.policy, usage_options=self.usage_options and mode != "off"
-            )
+            usage = self.usage_options.wanted() and mode != "off"
+            rw = rewrite_request(body, endpoint, self.policy, usage_options=usage)
         except BadRequest as exc:
             if exc.code == "max_tokens_over_cap":
                 model = body.get("model") if isinstance(body, dict) else None
@@ -419,11 +417,12 @@ class _GuardedCall:
                 body = await self._read_all(resp)
                 if body is None:
                     return None
-                if any(w in body for w in _USAGE_OPTION_WORDS):
+                if names_usage_option(resp.status_code, body):
                     log.warning(
-                        "upstream rejected stream_options; continuing without exact token counts"
+                        "upstream rejected stream_options; without exact token counts for %.0f s",
+                        proxy.usage_options.retry_after,
                     )
-                    proxy.usage_options = False
+                    proxy.usage_options.rejected()
                     # Rewriting is pure: run it again on the client's request, without them.
                     self.rw = rewrite_request(
                         self.client_body, self.endpoint, proxy.policy, usage_options=False

@@ -7,6 +7,7 @@ connection or pool slot is left behind."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from dataclasses import dataclass
 
 from hypothesis import given, settings
@@ -93,7 +94,7 @@ CASES = st.builds(
 
 def pieces(data: bytes, cuts: list[int]) -> list[bytes]:
     bounds = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
-    return [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    return [data[a:b] for a, b in itertools.pairwise(bounds) if b > a]
 
 
 async def exchange(case: Case) -> None:
