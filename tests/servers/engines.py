@@ -130,20 +130,23 @@ async def asgi_engine(scope: Scope, receive: Receive, send: Send) -> None:
 class UvicornEngine:
     """:func:`asgi_engine` under real uvicorn (httptools, keep-alive) in a thread."""
 
-    def __init__(self, app: Any = asgi_engine) -> None:
+    def __init__(self, app: Any = asgi_engine, **tls: Any) -> None:
+        """``tls``: uvicorn's ``ssl_certfile``, ``ssl_keyfile``, ``ssl_ca_certs``,
+        ``ssl_cert_reqs`` (an https engine)."""
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
+        self.scheme = "https" if tls else "http"
         config = uvicorn.Config(
-            app, http="httptools", lifespan="off", log_level="warning", access_log=False
+            app, http="httptools", lifespan="off", log_level="warning", access_log=False, **tls
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, args=([self.sock],), daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def __enter__(self) -> UvicornEngine:
         self.thread.start()
