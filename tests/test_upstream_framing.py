@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
+import httpx
 import orjson
 import pytest
 
 from proxy import upstream_http
 from proxy.upstream_http import UpstreamClient, UpstreamFailure
-from tests.servers.raw import RawConn, RawServer, chunked, response
+from tests.servers.raw import RawConn, RawServer, ThreadedRawServer, chunked, response
 
 HEADERS = [(b"content-type", b"application/json")]
 
@@ -400,3 +402,62 @@ async def test_aclose_mid_body_closes_the_connection_and_frees_its_slot() -> Non
         await up.aclose()
         async with asyncio.timeout(2):
             await server.all_closed()
+
+
+# -- through the proxy -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_engine_closing_without_an_answer_is_a_prompt_502_through_the_proxy(
+    proxy_server: Callable[..., str], stream: bool
+) -> None:
+    async def handle(conn: RawConn) -> None:
+        await conn.request()
+        conn.close()
+
+    with ThreadedRawServer(handle) as engine:
+        base = proxy_server(upstream_url=engine.url, read_timeout=30)
+        started = time.monotonic()
+        r = httpx.post(
+            base + "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream},
+            timeout=60,
+        )
+        assert time.monotonic() - started < 2
+        assert r.status_code == 502
+        assert r.json()["error"]["code"] == "upstream_disconnected"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_an_sse_event_over_the_cap_ends_the_answer_with_an_error_through_the_proxy(
+    proxy_server: Callable[..., str], stream: bool
+) -> None:
+    """An engine that never ends its event: the proxy stops at the cap (4 MiB by default) with
+    an error (SSE error event + ``[DONE]``, or a 502), instead of buffering without bound."""
+    first = (
+        b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":'
+        b'[{"index":0,"delta":{"role":"assistant","content":"Hi"},"finish_reason":null}]}\n\n'
+    )
+
+    async def handle(conn: RawConn) -> None:
+        await conn.request()
+        await conn.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n" + first)
+        await conn.write(b"data: " + b"x" * (5 << 20))
+        await asyncio.sleep(5)
+
+    with ThreadedRawServer(handle) as engine:
+        base = proxy_server(upstream_url=engine.url)
+        r = httpx.post(
+            base + "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream},
+            timeout=10,
+        )
+        if stream:
+            assert r.status_code == 200
+            assert r.content.startswith(first)
+            assert b"upstream_event_too_large" in r.content
+            assert r.content.endswith(b"data: [DONE]\n\n")
+            assert len(r.content) < 1 << 20
+        else:
+            assert r.status_code == 502
+            assert r.json()["error"]["code"] == "upstream_event_too_large"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 
@@ -141,3 +142,37 @@ def chunked(body: bytes, sizes: list[int], *, ext: bytes = b"", trailers: bytes 
         out.append(b"%x%s\r\n%s\r\n" % (len(piece), ext, piece))
     out.append(b"0\r\n" + trailers + b"\r\n")
     return b"".join(out)
+
+
+class ThreadedRawServer:
+    """:class:`RawServer` in its own thread and event loop, for a proxy running elsewhere.
+
+    ``with ThreadedRawServer(handler) as server: server.url``
+    """
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.url = ""
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    async def _main(self) -> None:
+        async with RawServer(self.handler) as server:
+            self.url = server.url
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            self._ready.set()
+            await self._stop.wait()
+
+    def __enter__(self) -> ThreadedRawServer:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("raw server did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
