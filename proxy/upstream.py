@@ -237,19 +237,3 @@ class UpstreamConfig:
             follow_redirects=False,
             trust_env=False,
         )
-
-
-def make_client(
-    url: str,
-    *,
-    connect_timeout: float,
-    read_timeout: float,
-    max_connections: int = 1024,
-) -> httpx.AsyncClient:
-    """An httpx client for ``url`` with default TLS and no key (tests, tools)."""
-    return UpstreamConfig.create(
-        url,
-        connect_timeout=connect_timeout,
-        read_timeout=read_timeout,
-        max_connections=max_connections,
-    ).httpx_client()
