@@ -10,6 +10,9 @@
         └── UpstreamTimeout   504   … timed out
             └── DeadlineExceeded    the request ran past GUARD_REQUEST_DEADLINE
 
+    UpstreamFailure                 an UpstreamError plus its metrics label, raised by the upstream
+                                    clients and the SSE parser (an event over the size cap)
+
 Foreign exceptions (httpx, orjson) are translated at the boundary that sees them, so the rest of
 the proxy only ever handles these.
 """
@@ -77,3 +80,15 @@ class UpstreamTimeout(UpstreamError):
 
 class DeadlineExceeded(UpstreamTimeout):
     type = "request_timeout"
+
+
+class UpstreamFailure(Exception):
+    """The upstream could not be reached or broke the exchange: ``error`` is what the client
+    gets, ``kind`` the ``guard_proxy_upstream_errors_total`` label (connect | timeout |
+    disconnect | protocol). Raised by both upstream clients and by the SSE parser, so one
+    ``except UpstreamFailure`` in the relay covers every way an upstream answer can break."""
+
+    def __init__(self, error: UpstreamError, kind: str) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.kind = kind

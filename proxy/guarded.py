@@ -35,6 +35,7 @@ from proxy.errors import (
     Forbidden,
     GuardError,
     UpstreamError,
+    UpstreamFailure,
 )
 from proxy.paths import wire_path
 from proxy.records import Endpoint, GenerationRecord
@@ -43,15 +44,13 @@ from proxy.rewrite import Rewrite, rewrite_request
 from proxy.sse import DONE_EVENT, encode_data
 from proxy.state import Proxy
 from proxy.upstream_http import Response as UpstreamResponse
-from proxy.upstream_http import UpstreamFailure
+from proxy.usage_options import names_usage_option
 
 log = logging.getLogger("coherence_guard")
 
 _MODES = frozenset({"enforce", "monitor", "off"})
 #: How long to wait for the end of a body after ``[DONE]`` before giving the connection up.
 _DRAIN_SECONDS = 1.0
-#: Words an engine's 400 uses when it rejects the usage options the proxy adds.
-_USAGE_OPTION_WORDS = (b"stream_options", b"continuous_usage_stats", b"include_usage")
 
 
 def deadline_error() -> DeadlineExceeded:
@@ -143,7 +142,7 @@ class Guarded:
                 body,
                 self.endpoint,
                 proxy.policy,
-                usage_options=proxy.usage_options and mode != "off",
+                usage_options=proxy.usage_options.wanted() and mode != "off",
             )
         except BadRequest as exc:
             if exc.code == "max_tokens_over_cap":
@@ -236,11 +235,12 @@ class _GuardedCall:
                 body = await self._read_all(resp)
                 if body is None:
                     return None
-                if any(w in body for w in _USAGE_OPTION_WORDS):
+                if names_usage_option(resp.status_code, body):
                     log.warning(
-                        "upstream rejected stream_options; continuing without exact token counts"
+                        "upstream rejected stream_options; without exact token counts for %.0f s",
+                        proxy.usage_options.retry_after,
                     )
-                    proxy.usage_options = False
+                    proxy.usage_options.rejected()
                     # Rewriting is pure: run it again on the client's request, without them.
                     self.rw = rewrite_request(
                         self.client_body, self.endpoint, proxy.policy, usage_options=False
@@ -342,6 +342,7 @@ class _GuardedCall:
             abort_finish_reason=self.proxy.settings.abort_finish_reason,
             injected_usage=self._injected_usage(),
             client_continuous=self.client_continuous,
+            max_event_bytes=self.proxy.settings.max_event_bytes,
         )
         return StreamGuard(policy, _make_detector(self.proxy, self.rw))
 

@@ -393,6 +393,13 @@ class Metrics:
             )
         )
         self._kv_dtypes_set: set[str] = set()
+        self._usage_fallback = Gauge(
+            "guard_proxy_usage_options_fallback",
+            "1 while guarded requests go upstream without the usage stream options because the "
+            "engine rejected them (exact token counts off; re-probed after a while).",
+            registry=i,
+            multiprocess_mode="livemax",
+        )
         self._config_scrapes = _Children(
             Counter(
                 "guard_proxy_upstream_config_scrapes",
@@ -532,6 +539,10 @@ class Metrics:
             self._kv_dtype(old).set(0)
         self._kv_dtypes_set.add(current)
         self._kv_dtype(current).set(1)
+
+    def usage_options_fallback(self, active: bool) -> None:
+        """Infra: the engine rejected the usage stream options (1) or takes them again (0)."""
+        self._usage_fallback.set(1 if active else 0)
 
     def upstream_config_scrape(self, result: str) -> None:
         """result in ok | error | not_vllm (the upstream's /metrics had no vLLM config)."""

@@ -33,7 +33,7 @@ from proxy.chunks import Piece
 from proxy.detect import Detector, Summary, Verdict
 from proxy.errors import GuardError, UpstreamError
 from proxy.records import ChoiceRecord, DetectionAction, Endpoint, Outcome
-from proxy.sse import DONE, DONE_EVENT, SSEParser, encode_data
+from proxy.sse import DONE, DONE_EVENT, MAX_EVENT_BYTES, SSEParser, encode_data
 
 if TYPE_CHECKING:
     from proxy.rewrite import Rewrite
@@ -69,6 +69,8 @@ class GuardPolicy:
     collect: bool = False
     usage_null: bool = False
     map_engine_repetition: bool = True
+    #: GUARD_MAX_EVENT_BYTES: one SSE event larger than this ends the stream with an error.
+    max_event_bytes: int = MAX_EVENT_BYTES
 
     @classmethod
     def create(
@@ -83,6 +85,7 @@ class GuardPolicy:
         client_wants_usage: bool = True,
         collect: bool = False,
         usage_null: bool = False,
+        max_event_bytes: int = MAX_EVENT_BYTES,
     ) -> GuardPolicy:
         """The policy with its derived fields filled in."""
         return cls(
@@ -96,6 +99,7 @@ class GuardPolicy:
             collect=collect,
             usage_null=usage_null,
             map_engine_repetition=mode != "off" and abort_finish_reason != ENGINE_REPETITION,
+            max_event_bytes=max_event_bytes,
         )
 
     @classmethod
@@ -108,6 +112,7 @@ class GuardPolicy:
         abort_finish_reason: str,
         injected_usage: bool,
         client_continuous: bool,
+        max_event_bytes: int = MAX_EVENT_BYTES,
     ) -> GuardPolicy:
         """What the app relays for a rewritten request: ``injected_usage`` says the proxy asked
         for usage itself, ``client_continuous`` that the client asked for per-chunk usage."""
@@ -122,6 +127,7 @@ class GuardPolicy:
             client_wants_usage=wants,
             collect=not rw.client_stream,
             usage_null=endpoint == "completions",
+            max_event_bytes=max_event_bytes,
         )
 
 
@@ -187,7 +193,7 @@ class StreamGuard:
         #: Chat's own event handler is a method (the hot path skips one call); others dispatch.
         if not isinstance(self.surface, _ChatSurface):
             self._event = MethodType(_surface_event, self)  # type: ignore[method-assign]
-        self.parser = SSEParser()
+        self.parser = SSEParser(policy.max_event_bytes)
         self.choices: dict[int, BlockState] = {}
         self.done = False
         #: The stream's terminal event arrived (``[DONE]``, ``response.completed``, ...).

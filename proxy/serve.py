@@ -169,16 +169,11 @@ def report_startup(settings: Settings, *, upstream_given: bool) -> None:
 
 
 def _probe_verify(settings: Settings) -> Any:
-    """The TLS verification the start-up probe uses: the same CA and client certificate
-    settings as the proxy's own clients."""
-    import ssl
+    """The TLS context the start-up probe uses: the proxy's own (one upstream configuration,
+    :class:`proxy.upstream.UpstreamConfig`, for every client)."""
+    from proxy.upstream import UpstreamConfig
 
-    if not settings.upstream_tls_verify:
-        return False
-    context = ssl.create_default_context(cafile=settings.upstream_ca_bundle)
-    if settings.upstream_client_cert:
-        context.load_cert_chain(settings.upstream_client_cert, settings.upstream_client_key)
-    return context
+    return UpstreamConfig.from_settings(settings).ssl
 
 
 def create_served_app() -> Any:
@@ -193,11 +188,10 @@ def create_served_app() -> Any:
     """
     import asyncio
 
-    import httpx
-
     from proxy.app import create_app
     from proxy.metrics import Metrics
     from proxy.settings import load_settings
+    from proxy.upstream import UpstreamConfig
     from proxy.vllm_config import upstream_headers, watch_engine
 
     settings = load_settings()
@@ -209,7 +203,7 @@ def create_served_app() -> Any:
     async def lifespan(a: Any) -> AsyncIterator[Any]:
         async with (
             inner(a) as state,
-            httpx.AsyncClient(verify=_probe_verify(settings), trust_env=False) as client,
+            UpstreamConfig.from_settings(settings).httpx_client() as client,
         ):
             monitor = asyncio.create_task(
                 watch_engine(

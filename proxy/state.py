@@ -11,13 +11,14 @@ from collections.abc import Iterable
 
 import httpx
 
-from proxy import upstream
 from proxy.bounds import Bounds, Expiry
 from proxy.detect import DetectorConfig
 from proxy.metrics import Metrics
 from proxy.rewrite import RewritePolicy
 from proxy.settings import Settings
+from proxy.upstream import UpstreamConfig
 from proxy.upstream_http import UpstreamClient
+from proxy.usage_options import UsageOptions
 
 log = logging.getLogger("coherence_guard")
 
@@ -35,23 +36,19 @@ class Proxy:
         self.metrics = metrics
         self.detector_config = detector_config
         self.policy = RewritePolicy.from_settings(settings)
-        self.engine_url = upstream.base_url(settings.upstream_url)
+        #: One upstream configuration (TLS, timeouts, limits, key) for both clients.
+        self.upstream = UpstreamConfig.from_settings(settings)
+        self.engine_url = self.upstream.url
         self._client: httpx.AsyncClient | None = None
         #: The guarded POSTs' own client (see proxy/upstream_http.py); httpx for the rest.
-        self.fast = UpstreamClient(
-            settings.upstream_url,
-            connect_timeout=settings.connect_timeout,
-            read_timeout=settings.read_timeout,
-        )
-        #: False once this upstream rejected the usage stream options (remembered per upstream).
-        self.usage_options = True
+        self.fast = UpstreamClient(self.upstream)
+        #: Off for a while once this upstream rejected the usage stream options.
+        self.usage_options = UsageOptions(on_change=metrics.usage_options_fallback)
         self.bounds = Bounds(
             write_timeout=settings.client_write_timeout,
             deadline=settings.request_deadline,
             on_expire=self._expired,
         )
-        key = settings.upstream_api_key
-        self._upstream_auth = None if key is None else b"Bearer " + key.encode()
 
     def _expired(self, kind: Expiry) -> None:
         self.metrics.client_timeout(kind)
@@ -59,12 +56,7 @@ class Proxy:
     @property
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = upstream.make_client(
-                self.settings.upstream_url,
-                connect_timeout=self.settings.connect_timeout,
-                read_timeout=self.settings.read_timeout,
-                max_connections=self.settings.upstream_max_connections,
-            )
+            self._client = self.upstream.httpx_client()
         return self._client
 
     async def aclose(self) -> None:
@@ -82,12 +74,7 @@ class Proxy:
     ) -> list[tuple[bytes, bytes]]:
         """The client's headers for the engine: hop-by-hop ones and ``drop`` removed, the
         request id forwarded, ``Authorization`` replaced by GUARD_UPSTREAM_API_KEY when set."""
-        dropped = [*_NEVER_FORWARDED, *drop]
-        if self._upstream_auth is not None:
-            dropped.append("authorization")
-        out = upstream.forward_headers(raw, drop=dropped)
-        if self._upstream_auth is not None:
-            out.append((b"authorization", self._upstream_auth))
+        out = self.upstream.forward_headers(raw, drop=(*_NEVER_FORWARDED, *drop))
         if request_id is not None:
             out.append((b"x-request-id", request_id.encode()))
         return out

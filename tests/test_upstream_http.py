@@ -17,7 +17,7 @@ HEADERS = [(b"content-type", b"application/json")]
 
 
 def client(url: str, read_timeout: float = 5) -> UpstreamClient:
-    return UpstreamClient(url, connect_timeout=2, read_timeout=read_timeout)
+    return UpstreamClient.for_url(url, connect_timeout=2, read_timeout=read_timeout)
 
 
 async def test_keep_alive_reuses_one_connection(fake_upstream: FakeVLLM) -> None:
