@@ -461,3 +461,23 @@ def test_an_sse_event_over_the_cap_ends_the_answer_with_an_error_through_the_pro
         else:
             assert r.status_code == 502
             assert r.json()["error"]["code"] == "upstream_event_too_large"
+
+
+def test_guard_max_event_bytes_sets_the_cap(proxy_server: Callable[..., str]) -> None:
+    """GUARD_MAX_EVENT_BYTES reaches the relay's parser: an 8 KiB event is too large at 4 KiB."""
+
+    async def handle(conn: RawConn) -> None:
+        await conn.request()
+        await conn.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n")
+        await conn.write(b"data: " + b"x" * 8192 + b"\n\n")
+        await asyncio.sleep(5)
+
+    with ThreadedRawServer(handle) as engine:
+        base = proxy_server(upstream_url=engine.url, max_event_bytes=4096)
+        r = httpx.post(
+            base + "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=10,
+        )
+        assert r.status_code == 502
+        assert r.json()["error"]["code"] == "upstream_event_too_large"
