@@ -21,6 +21,7 @@ when the cores are contended", and quote it with the machine it was taken on.
 
     python bench/bench_workers.py                                  # N = 1..nproc, 256 x 20 ms
     python bench/bench_workers.py --workers 1,2,4 --duration 20 --json results.json
+    python bench/bench_workers.py --workers 1,2,4,8 --proxy-cores 0-7 --kit-cores 8-15  # a node
 
 A benchmark, not a test: nothing asserts on the figures (the exactness check is reported, and
 the exit status is 1 when it fails).
@@ -137,13 +138,18 @@ def scrape_until(port: int, expected: int, scrapes: int, settle: float) -> list[
     return [generations_total(port) for _ in range(scrapes)]
 
 
+def pinned(cores: str | None, cmd: list[str]) -> list[str]:
+    """``cmd`` restricted to ``cores`` (a taskset list such as ``0-7``) when one is given."""
+    return ["taskset", "-c", cores, *cmd] if cores else cmd
+
+
 def loadgen(args: argparse.Namespace, url: str, label: str, cpu: list[str]) -> dict[str, Any]:
     out = subprocess.run(
-        [
+        pinned(args.kit_cores, [
             str(args.kit_python), str(args.kit / "loadgen.py"), "--url", url,
             "-c", str(args.conc), "-d", str(args.duration), "-w", str(args.warmup),
             "--max-tokens", str(args.max_tokens), "--label", label, *cpu,
-        ],
+        ]),
         capture_output=True, text=True, check=True, timeout=args.duration * 4 + 300,
     )  # fmt: skip
     result: dict[str, Any] = json.loads(out.stdout)
@@ -178,7 +184,7 @@ def run_cell(args: argparse.Namespace, workers: int, upstream: str, text: str) -
     }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # the proxy makes a fresh one per run
     cmd = [sys.executable, "-m", "proxy", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--workers", str(workers)]
+    cmd = pinned(args.proxy_cores, [*cmd, "--workers", str(workers)])
     with tempfile.TemporaryFile() as log:
         proxy = subprocess.Popen(
             cmd, env=env, cwd=ROOT, stdout=log, stderr=log, start_new_session=True
@@ -269,16 +275,18 @@ def main() -> int:
     parser.add_argument("--kit-python", type=Path, default=KIT_PYTHON)
     parser.add_argument("--upstream-text", type=Path, default=CORPUS if CORPUS.is_file() else None)
     parser.add_argument("--no-direct", action="store_true", help="skip the no-proxy baseline")
+    parser.add_argument("--proxy-cores", help="taskset core list for the proxy, e.g. 0-7")
+    parser.add_argument("--kit-cores", help="taskset core list for the upstream and load generator")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     if not args.kit_python.exists():
         parser.error(f"{args.kit_python} missing: run {args.kit / 'setup.sh'} first")
 
     upstream_port = free_port()
-    cmd = [
+    cmd = pinned(args.kit_cores, [
         str(args.kit_python), str(args.kit / "fake_upstream.py"), "--port", str(upstream_port),
         "--delay-ms", str(args.delay_ms),
-    ]  # fmt: skip
+    ])  # fmt: skip
     text = "cycling word list"
     if args.upstream_text:
         cmd += ["--text-file", str(args.upstream_text)]
