@@ -21,10 +21,9 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ import yaml
 from tests.deploy_tools import PROMETHEUS_YML, ROOT, require
 from tests.exposition_server import families, fixture, serve_exposition
 from tests.fakes.vllm import FakeVLLM
-from tests.net import free_port, wait_healthy
+from tests.net import wait_healthy
 
 KUBE = ROOT / "deploy" / "kubernetes"
 DATA = ROOT / "tests" / "data" / "kubernetes"
@@ -551,86 +550,86 @@ def _writable_mounts(paths: list[str]) -> list[str]:
     return args + remount
 
 
-@pytest.fixture
-def sandboxed_proxy(base: list[Doc], fake_upstream: FakeVLLM) -> Iterator[tuple[str, Any]]:
-    """``coherence-guard serve`` with the manifest's environment, as uid 10001 on a read-only
-    root filesystem where only the manifest's emptyDir mounts are writable (bubblewrap).
+_GENERATIONS = re.compile(r"^guard_generations_total\{[^}]*\}\s+(\S+)$", re.M)
 
-    Two things differ from the pod, both for the shared test machine: the listen port is a
-    free one, and the engine is the fake vLLM on its own port instead of 127.0.0.1:8000.
-    """
+
+def pod_session() -> dict[str, Any]:
+    """Inside the sandbox: the engine (the fake vLLM) on 127.0.0.1:8000 and the proxy started
+    with the environment as it is, exactly the ports the manifest declares; then what a
+    kubelet, a client and Prometheus would do. Returns what they saw."""
+    env = dict(os.environ)
+    base = f"http://127.0.0.1:{env['GUARD_PORT']}"
+    key = json.loads(env["GUARD_API_KEYS"])[0]
+    out: dict[str, Any] = {}
+    with FakeVLLM(port=8000) as engine:
+        proxy = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "serve"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            alive = lambda: proxy.poll() is None  # noqa: E731
+            out["live"] = wait_healthy(base + PROBES["livenessProbe"], timeout=60, alive=alive)
+            if out["live"]:  # else the log below says why
+                out["ready"] = httpx.get(base + PROBES["readinessProbe"], timeout=10).status_code
+                body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+                out["no_key"] = httpx.post(base + "/v1/chat/completions", json=body).status_code
+                with httpx.Client(headers={"authorization": f"Bearer {key}"}, timeout=10) as client:
+                    out["statuses"] = [
+                        client.post(
+                            base + "/v1/chat/completions", json={**body, "stream": s}
+                        ).status_code
+                        for s in [False, True] * 5
+                    ]
+                out["engine_saw"] = len(engine.guarded_requests())
+                # Fresh connections, so that different workers answer the scrapes.
+                out["scraped"] = [
+                    sum(float(v) for v in _GENERATIONS.findall(httpx.get(base + path).text))
+                    for path in ["/metrics/quality"] * 8
+                ]
+                out["infra"] = httpx.get(base + "/metrics").status_code
+                out["alive"] = alive()
+        finally:
+            proxy.terminate()
+            out["log"] = proxy.communicate(timeout=30)[0].decode(errors="replace")[-3000:]
+    return out
+
+
+def test_the_proxy_runs_read_only_as_the_manifest_declares(base: list[Doc]) -> None:
+    """The pod, as far as one machine can play it: the proxy with the ConfigMap's and the
+    container's environment and nothing else (ports 8080 and 127.0.0.1:8000 as declared, in a
+    network namespace of their own), as uid 10001, on a read-only root where only the
+    manifest's emptyDir mounts are writable (bubblewrap). Probes answer, the Secret's key
+    guards the API, and with the ConfigMap's two workers every scrape counts every generation:
+    the multiprocess files live on the emptyDir, the only place the container can write."""
     bwrap = require("bwrap", "apt-get install -y bubblewrap")
     pod, env = _container_env(base, {"GUARD_API_KEYS": '["k8s-key"]'})
     proxy = _container(pod, PROXY)
     assert proxy is not None
+    assert int(env["GUARD_WORKERS"]) > 1 and env["GUARD_UPSTREAM_URL"] == ENGINE_URL
     empty_dirs = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
     writable = [m["mountPath"] for m in proxy["volumeMounts"] if m["name"] in empty_dirs]
     uid = str(proxy["securityContext"]["runAsUser"])
-    port = free_port()
-    env.update(GUARD_PORT=str(port), GUARD_UPSTREAM_URL=fake_upstream.url)
     env.update(PATH=os.environ["PATH"], PYTHONPATH=str(ROOT))
-    cmd = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid"]
-    cmd += ["--unshare-user", "--uid", uid, "--gid", uid, "--die-with-parent"]
+    cmd = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-net"]
+    cmd += ["--unshare-pid", "--unshare-user", "--uid", uid, "--gid", uid, "--die-with-parent"]
     cmd += _writable_mounts(writable)
-    cmd += ["--chdir", "/tmp", sys.executable, "-m", "proxy", "serve"]
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
-        live = wait_healthy(
-            f"http://127.0.0.1:{port}{PROBES['livenessProbe']}",
-            timeout=60,
-            alive=lambda: proc.poll() is None,
-        )
-        if not live:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail(f"proxy did not start:\n{proc.communicate()[0].decode()[-3000:]}")
-        yield f"http://127.0.0.1:{port}", (proc, env)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        if proc.stdout:
-            proc.stdout.close()
-
-
-_GENERATIONS = re.compile(r"^guard_generations_total\{[^}]*\}\s+(\S+)$", re.M)
-
-
-def test_the_proxy_runs_read_only_as_the_manifest_declares(
-    sandboxed_proxy: tuple[str, Any],
-) -> None:
-    """Probes answer, the Secret's keys guard the API, and with the ConfigMap's two workers
-    every scrape counts every generation: the multiprocess files live on the emptyDir, the
-    only place the container can write."""
-    url, (proc, env) = sandboxed_proxy
-    assert int(env["GUARD_WORKERS"]) > 1
-    assert httpx.get(url + PROBES["readinessProbe"], timeout=10).status_code == 200
-    body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
-    assert httpx.post(url + "/v1/chat/completions", json=body, timeout=10).status_code == 401
-    auth = {"authorization": "Bearer k8s-key"}
-    sent = 0
-    with httpx.Client(headers=auth, timeout=10) as client:
-        for stream in [False, True] * 5:
-            resp = client.post(url + "/v1/chat/completions", json={**body, "stream": stream})
-            assert resp.status_code == 200, resp.text
-            sent += 1
-    # Fresh connections, so that different workers answer the scrapes.
-    counts = []
-    for _ in range(8):
-        text = httpx.get(url + "/metrics/quality", timeout=10).text
-        counts.append(sum(float(v) for v in _GENERATIONS.findall(text)))
-    assert counts == [sent] * len(counts)
-    assert httpx.get(url + "/metrics", timeout=10).status_code == 200
-    assert proc.poll() is None
-    os.killpg(proc.pid, signal.SIGTERM)
-    log = proc.communicate(timeout=20)[0].decode()
-    assert "Read-only file system" not in log and "Traceback" not in log, log[-3000:]
+    cmd += ["--chdir", "/tmp", sys.executable, "-m", "tests.test_kubernetes"]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    log = seen.pop("log")
+    assert seen == {
+        "live": True,
+        "ready": 200,
+        "no_key": 401,
+        "statuses": [200] * 10,
+        "engine_saw": 10,
+        "scraped": [10.0] * 8,
+        "infra": 200,
+        "alive": True,
+    }, log
+    assert "Read-only file system" not in log and "Traceback" not in log, log
 
 
 def test_the_proxy_relays_the_engines_metrics_path(
@@ -684,3 +683,7 @@ def test_vllm_serves_its_metrics_under_the_podmonitors_engine_path() -> None:
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["/metrics/engine"][0] == 200
     assert families(out["/metrics/engine"][1]) == families(out["/metrics"][1])
+
+
+if __name__ == "__main__":  # the sandboxed pod of test_the_proxy_runs_read_only_...
+    print(json.dumps(pod_session()))
