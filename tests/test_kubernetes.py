@@ -595,20 +595,20 @@ def pod_session() -> dict[str, Any]:
     return out
 
 
-def test_the_proxy_runs_read_only_as_the_manifest_declares(base: list[Doc]) -> None:
-    """The pod, as far as one machine can play it: the proxy with the ConfigMap's and the
-    container's environment and nothing else (ports 8080 and 127.0.0.1:8000 as declared, in a
-    network namespace of their own), as uid 10001, on a read-only root where only the
-    manifest's emptyDir mounts are writable (bubblewrap). Probes answer, the Secret's key
-    guards the API, and with the ConfigMap's two workers every scrape counts every generation:
-    the multiprocess files live on the emptyDir, the only place the container can write."""
+def run_pod(docs: list[Doc], *, drop_mount: str | None = None) -> dict[str, Any]:
+    """Run :func:`pod_session` in the sandbox that ``docs``' proxy container describes:
+    its environment (the Secret holding one key), uid, read-only root and emptyDir mounts
+    (less ``drop_mount``), in a network namespace of its own (bubblewrap)."""
     bwrap = require("bwrap", "apt-get install -y bubblewrap")
-    pod, env = _container_env(base, {"GUARD_API_KEYS": '["k8s-key"]'})
+    pod, env = _container_env(docs, {"GUARD_API_KEYS": '["k8s-key"]'})
     proxy = _container(pod, PROXY)
     assert proxy is not None
-    assert int(env["GUARD_WORKERS"]) > 1 and env["GUARD_UPSTREAM_URL"] == ENGINE_URL
     empty_dirs = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
-    writable = [m["mountPath"] for m in proxy["volumeMounts"] if m["name"] in empty_dirs]
+    writable = [
+        m["mountPath"]
+        for m in proxy["volumeMounts"]
+        if m["name"] in empty_dirs and m["mountPath"] != drop_mount
+    ]
     uid = str(proxy["securityContext"]["runAsUser"])
     env.update(PATH=os.environ["PATH"], PYTHONPATH=str(ROOT))
     cmd = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-net"]
@@ -617,7 +617,19 @@ def test_the_proxy_runs_read_only_as_the_manifest_declares(base: list[Doc]) -> N
     cmd += ["--chdir", "/tmp", sys.executable, "-m", "tests.test_kubernetes"]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
-    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    seen: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    return seen
+
+
+def test_the_proxy_runs_read_only_as_the_manifest_declares(base: list[Doc]) -> None:
+    """The pod, as far as one machine can play it: the proxy with the ConfigMap's and the
+    container's environment and nothing else (ports 8080 and 127.0.0.1:8000 as declared, in a
+    network namespace of its own), as uid 10001, on a read-only root where only the
+    manifest's emptyDir mounts are writable. Probes answer, the Secret's key guards the API,
+    and with the ConfigMap's two workers every scrape counts every generation."""
+    env = _container_env(base, {})[1]
+    assert int(env["GUARD_WORKERS"]) > 1 and env["GUARD_UPSTREAM_URL"] == ENGINE_URL
+    seen = run_pod(base)
     log = seen.pop("log")
     assert seen == {
         "live": True,
@@ -630,6 +642,15 @@ def test_the_proxy_runs_read_only_as_the_manifest_declares(base: list[Doc]) -> N
         "alive": True,
     }, log
     assert "Read-only file system" not in log and "Traceback" not in log, log
+
+
+def test_without_the_metrics_emptydir_the_proxy_does_not_start(base: list[Doc]) -> None:
+    """The multiprocess metrics directory is the one place the proxy must write: on the
+    read-only root it cannot be made, and the proxy exits instead of serving."""
+    metrics_dir = _container_env(base, {})[1]["PROMETHEUS_MULTIPROC_DIR"]
+    seen = run_pod(base, drop_mount=metrics_dir)
+    assert seen["live"] is False
+    assert "Read-only file system" in seen["log"]
 
 
 def test_the_proxy_relays_the_engines_metrics_path(
