@@ -11,7 +11,9 @@
   container, the multiprocess metrics directory on an emptyDir, both metric endpoints);
 * the proxy is run the way the manifest runs it: the ConfigMap's and the container's
   environment, uid 10001, a read-only root filesystem with only the manifest's emptyDirs
-  writable (bubblewrap), and its probes, auth and metrics are exercised over HTTP;
+  writable, its own network namespace with the engine on 127.0.0.1:8000 (bubblewrap), and its
+  probes, auth and metrics are exercised over HTTP;
+* the PodMonitor's engine path is relayed by the proxy and answered by vLLM itself (e2e);
 * each check is shown to fail on a typo by mutating a copy of the tree.
 """
 
