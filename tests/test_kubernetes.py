@@ -537,7 +537,9 @@ def _writable_mounts(paths: list[str]) -> list[str]:
 
     The container runtime creates mount points before it makes the root read-only; bubblewrap
     cannot create one on a read-only bind, so a missing mount point is made on a temporary
-    tmpfs over its nearest existing ancestor, which is then made read-only again.
+    tmpfs over its nearest existing ancestor, which is then made read-only again. What the
+    test itself runs from (the checkout, the interpreter and its packages) is bound back,
+    read-only, where a tmpfs would hide it (a checkout under /tmp).
     """
     args: list[str] = []
     remount: list[str] = []
@@ -549,6 +551,11 @@ def _writable_mounts(paths: list[str]) -> list[str]:
             args += ["--tmpfs", str(ancestor)]
             remount += ["--remount-ro", str(ancestor)]
         args += ["--tmpfs", path]
+    needed = {ROOT, Path(sys.prefix), Path(sys.base_prefix)}
+    needed |= {Path(p).resolve() for p in sys.path if p and Path(p).is_dir()}
+    for path in sorted(needed):
+        if any(Path(m) == path or Path(m) in path.parents for m in paths):
+            args += ["--ro-bind", str(path), str(path)]
     return args + remount
 
 
