@@ -29,7 +29,9 @@ pytestmark = pytest.mark.e2e
 
 RUNNING = "vllm:num_requests_running"
 GENERATED = "vllm:generation_tokens_total"
-SHORT_PROMPT = "What is the capital of France?"
+#: A prompt SmolLM2 answers briefly and stably under greedy decoding on CPU (its greedy answer to
+#: "What is the capital of France?" turned into a loop on some CPUs: bf16 kernels differ).
+SHORT_PROMPT = "Say hello in five words."
 
 
 def engine_value(engine: Server, name: str) -> float:
@@ -65,7 +67,9 @@ def test_healthy_answer_is_the_engines_answer_non_stream(
     }
     direct = vllm_engine.openai().chat.completions.create(**kwargs)
     guarded = proxy.openai().chat.completions.create(**kwargs)
-    assert "Paris" in (direct.choices[0].message.content or "")
+    # The point is equality with the engine's own answer. Which words SmolLM2 picks greedily can
+    # move with the engine's batch and prefix-cache state (bf16 on CPU), so only non-empty here.
+    assert direct.choices[0].message.content
     assert guarded.choices[0].message.content == direct.choices[0].message.content
     assert guarded.choices[0].finish_reason == direct.choices[0].finish_reason == "stop"
     assert guarded.usage is not None and direct.usage is not None

@@ -79,11 +79,15 @@ def test_unguarded_generating_routes_are_refused_with_reject(
     vllm_engine: Server, start_proxy: ProxyFactory, model_name: str
 ) -> None:
     proxy = start_proxy(vllm_engine, unguarded_routes="reject")
-    body = {"model": model_name, "input": "Hi", "max_output_tokens": 4}
-    for target in ("/v1/responses", "/v1/responses/", "/invocations"):
+    body = {
+        "model": model_name,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 4,
+    }
+    for target in ("/invocations", "/invocations/", "//inference/v1/generate"):
         status, _, payload = _post_raw(proxy.url, target, body)
         assert status == 403, (target, payload[:200])
-    # Passed by default: vLLM answers it.
+    # Passed by default: vLLM answers it (SageMaker's entry point dispatches a chat body).
     passing = start_proxy(vllm_engine)
-    status, _, payload = _post_raw(passing.url, "/v1/responses", body)
+    status, _, payload = _post_raw(passing.url, "/invocations", body)
     assert status == 200, payload[:300]
