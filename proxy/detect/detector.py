@@ -22,6 +22,7 @@ from typing import Any
 
 from proxy.detect.diversity import compression_ratio, distinct_ratio, words_of
 from proxy.detect.drift import LanguageDrift
+from proxy.detect.ending import final_drift, final_flood, final_loop
 from proxy.detect.entropy import EntropyWindow, token_entropy
 from proxy.detect.repetition import (
     PeriodicTail,
@@ -118,6 +119,8 @@ class Detector:
         """Evaluate what is left and return the per-choice summary."""
         if self._verdict is None and self._pending_chars:
             self._check(final=True)
+        if self._verdict is None and self._chars and self.config.end_judgement:
+            self._judge_end()
         return Summary(
             self._chars,
             self._tokens,
@@ -126,6 +129,28 @@ class Detector:
             self._entropy_min,
             self._verdict,
         )
+
+    def _judge_end(self) -> None:
+        """The stream has ended: judge what the streaming thresholds left open (see
+        :mod:`proxy.detect.ending`). Runs once per stream, on the kept window only."""
+        cfg = self.config
+        text = self._raw
+        base = self._raw_base
+        relaxed = self._relax() > 1.0
+        if cfg.repetition and not relaxed:
+            flood = final_flood(text)
+            if flood is not None:
+                self._fire("token-flood", flood.repeats, self._chars - flood.span)
+                return
+            loop = final_loop(text, cfg.repetition_min_span_chars)
+            if loop is not None:
+                self._fire("repetition", loop.repeats, self._chars - loop.span)
+                return
+        if cfg.language_drift and not self._json_like:
+            judged = base + max(0, len(text) - cfg.end_drift_chars)
+            found = final_drift(text[-cfg.end_drift_chars :], self.expected_language, offset=judged)
+            if found is not None:
+                self._fire("language-drift", found[0], judged + found[1])
 
     # -- evaluation ------------------------------------------------------------------------
 

@@ -91,6 +91,12 @@ class DetectorConfig:
     # After that, only every n-th segment is identified (fastText is the costliest step).
     language_sample_every: int = 2
 
+    # End-of-stream judgement on/off: drift, floods and loops in answers too short for the
+    # streaming thresholds, judged once when the stream ends (proxy/detect/ending.py).
+    end_judgement: bool = True
+    # Characters at the end of the answer the end-of-stream drift judgement reads.
+    end_drift_chars: int = 2048
+
     # Entropy-collapse signal on/off (needs top_logprobs from the upstream).
     entropy: bool = True
     # Tokens over which the mean entropy is taken.

@@ -1,0 +1,132 @@
+"""End-of-stream judgement: short answers that the streaming thresholds leave unjudged."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.detect import Detector, DetectorConfig
+from proxy.detect.ending import fallback_languages, final_drift, final_flood, identified_units
+from proxy.rewrite import RewritePolicy, rewrite_request
+from tests.detect.conftest import stream
+from tests.detect.texts import ENGLISH, ITALIAN, as_deltas
+
+# A base model's answer: the Italian prompt restated, then English until the end.
+RESTATED = "Scrivi un breve saggio sull'importanza del voto nelle democrazie moderne. "
+SHORT_DRIFT = RESTATED + ENGLISH[:160]
+
+NO_END = DetectorConfig(end_judgement=False)
+
+
+def streamed_only(text: str, config: DetectorConfig, **kw: object) -> bool:
+    """Whether any feed() returned a verdict (the streaming signals, before finish())."""
+    detector = Detector(config, **kw)  # type: ignore[arg-type]
+    return any(detector.feed(d) is not None for d in as_deltas(text))
+
+
+def test_short_answer_that_ends_in_english_is_drift_at_the_end() -> None:
+    """Restated prompt in Italian, then 160 characters of English, then the end: the streaming
+    signal has too little text, the end-of-stream judgement has enough."""
+    assert not streamed_only(SHORT_DRIFT, DetectorConfig(), expected_language="it")
+    assert stream(SHORT_DRIFT, NO_END, expected_language="it").verdict is None
+    verdict = stream(SHORT_DRIFT, expected_language="it").verdict
+    assert verdict is not None and verdict.signal == "language-drift"
+    assert len(RESTATED) - 5 <= verdict.onset_char <= len(RESTATED) + 5
+    assert verdict.fired_at_char == len(SHORT_DRIFT)
+
+
+def test_short_answer_in_the_expected_language_passes() -> None:
+    assert stream(ITALIAN[:500], expected_language="it").verdict is None
+    assert stream(ENGLISH[:500], expected_language="en").verdict is None
+
+
+def test_a_short_english_aside_that_does_not_end_the_answer_passes() -> None:
+    """Foreign text in the middle, under half of the answer, is a quotation, not drift."""
+    text = ITALIAN[:400] + ENGLISH[:150] + ITALIAN[400:800]
+    assert stream(text, expected_language="it").verdict is None
+
+
+def test_without_a_request_language_the_opening_is_the_reference() -> None:
+    verdict = stream(SHORT_DRIFT).verdict
+    assert verdict is not None and verdict.signal == "language-drift"
+
+
+def test_without_a_request_language_english_into_another_language_passes() -> None:
+    """English turning into Italian is a localised page under an English heading."""
+    assert stream(ENGLISH[:120] + ITALIAN[:600]).verdict is None
+    assert fallback_languages("en") == frozenset()
+    assert "en" in fallback_languages("it") and "zh" not in fallback_languages("ja")
+
+
+def test_units_are_sentences_identified_one_by_one() -> None:
+    units = identified_units(SHORT_DRIFT)
+    assert units[0].code == "it" and units[0].start == 0
+    assert {u.code for u in units[1:]} == {"en"}
+
+
+def test_final_drift_reports_the_share_and_where_the_foreign_text_starts() -> None:
+    found = final_drift(SHORT_DRIFT, "it")
+    assert found is not None
+    share, onset = found
+    assert 0.6 < share <= 1.0 and onset == len(RESTATED)
+    assert final_drift(SHORT_DRIFT, "en") is None or final_drift(SHORT_DRIFT, "en")[0] < 0.5  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "tail",
+    ["ha" * 40, " no" * 27, "!!" * 30, "\U0001f600" * 45],
+    ids=["syllable", "word", "exclamations", "emoji"],
+)
+def test_a_flood_in_the_last_80_characters_is_caught_at_the_end(tail: str) -> None:
+    text = ENGLISH[:400] + tail
+    assert not streamed_only(text, DetectorConfig())
+    verdict = stream(text).verdict
+    assert verdict is not None and verdict.signal == "token-flood"
+    assert abs(verdict.onset_char - 400) <= 3
+
+
+@pytest.mark.parametrize(
+    "tail", ["-" * 80, "=" * 80, "\n" * 40, "| --- " * 12], ids=["rule", "double", "blank", "table"]
+)
+def test_layout_at_the_end_is_not_a_flood(tail: str) -> None:
+    assert final_flood(ENGLISH[:400] + tail) is None
+    assert stream(ENGLISH[:400] + tail).verdict is None
+
+
+def test_a_short_answer_that_ends_in_three_copies_of_a_sentence_is_a_loop() -> None:
+    sentence = "I am a professional writer offering a good amount of experience in editing. "
+    text = ENGLISH[:200] + sentence * 3
+    assert not streamed_only(text, DetectorConfig())
+    verdict = stream(text).verdict
+    assert verdict is not None and verdict.signal == "repetition"
+
+
+def test_end_judgement_is_a_switch() -> None:
+    assert stream(ENGLISH[:400] + "ha" * 40, NO_END).verdict is None
+
+
+# -- the expected language from the prompt (proxy.rewrite) ---------------------------------
+
+
+def chat(text: str) -> dict[str, object]:
+    return {"model": "m", "messages": [{"role": "user", "content": text}], "stream": True}
+
+
+def test_the_prompt_language_is_expected_without_injecting_anything() -> None:
+    body = chat("Scrivi un breve saggio sull'importanza del voto nelle democrazie moderne.")
+    rw = rewrite_request(body, "chat", RewritePolicy())
+    assert (rw.expected_language, rw.injected_language) == ("it", None)
+    assert rw.body["messages"] == body["messages"]
+
+
+def test_expect_language_off_expects_nothing() -> None:
+    body = chat("Scrivi un breve saggio sull'importanza del voto nelle democrazie moderne.")
+    rw = rewrite_request(body, "chat", RewritePolicy(expect_language="off"))
+    assert rw.expected_language is None
+
+
+def test_the_setting_reaches_the_policy() -> None:
+    from proxy.settings import Settings
+
+    policy = RewritePolicy.from_settings(Settings(expect_language="off"))
+    assert policy.expect_language == "off"
+    assert RewritePolicy.from_settings(Settings()).expect_language == "prompt"
