@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from collections import deque
 from typing import Any
 
 from proxy.detect.diversity import compression_ratio, distinct_ratio, words_of
-from proxy.detect.drift import LanguageDrift
+from proxy.detect.drift import LanguageDrift, code_like
 from proxy.detect.ending import final_drift, final_flood, final_loop
 from proxy.detect.entropy import EntropyWindow, token_entropy
+from proxy.detect.lines import LineLoop
 from proxy.detect.repetition import (
     PeriodicTail,
     counts_down,
@@ -33,6 +35,8 @@ from proxy.detect.repetition import (
 )
 from proxy.detect.script import ScriptIntrusion
 from proxy.detect.types import DetectorConfig, Summary, Verdict
+
+_NUMBER = re.compile(r"\d+")
 
 
 class Detector:
@@ -82,6 +86,7 @@ class Detector:
         self._json_like: bool | None = None
         self._relax_value: float | None = None
         self._countdown = False
+        self._lines = LineLoop()
         self._script = ScriptIntrusion(cfg, self.expected_language)
         self._words: deque[str] = deque(maxlen=max(20, cfg.ngram_window_words))
         self._checks = 0
@@ -146,7 +151,10 @@ class Detector:
             if loop is not None:
                 self._fire("repetition", loop.repeats, self._chars - loop.span)
                 return
-        if cfg.language_drift and not self._json_like:
+        # The streaming identification saw every short answer whole and samples longer ones:
+        # when none of it was in doubt there is no drift for the sentence-level pass to find.
+        short = self._chars <= 8 * cfg.language_segment_chars
+        if cfg.language_drift and not self._json_like and (short or self._drift.doubt):
             judged = base + max(0, len(text) - cfg.end_drift_chars)
             found = final_drift(text[-cfg.end_drift_chars :], self.expected_language, offset=judged)
             if found is not None:
@@ -219,6 +227,8 @@ class Detector:
         verdict = None
         if cfg.repetition:
             verdict = self._check_repetition()
+        if verdict is None and cfg.repetition and cfg.line_loop:
+            verdict = self._check_lines(new, final)
         # A countdown explains its own repetition (and ends by itself): the softer repetition
         # signals stay quiet while one is running.
         if (
@@ -272,6 +282,23 @@ class Detector:
                 return None
         self._countdown = False
         return None
+
+    def _check_lines(self, new: str, final: bool) -> Verdict | None:
+        found = self._lines.update(new, end=self._chars, final=final)
+        if found is None:
+            return None
+        cfg = self.config
+        copies, onset, span = found[0] / 100, found[1], found[2]
+        if copies < cfg.line_loop_min_repeats or span < cfg.line_loop_min_span_chars:
+            return None
+        region = self._raw[max(0, onset - self._raw_base) :]
+        if self._relax() > 1.0 or code_like(region):
+            return None  # code, tables and JSON repeat lines by design (exact loops still count)
+        slots = round(len(_NUMBER.findall(region)) / copies)
+        if counts_down(region, slots):
+            return None  # a countdown ends by itself (99 Bottles)
+        # Copies identical but for their numbers are a loop like any exact one.
+        return self._fire("near-repetition" if found[4] else "repetition", copies, onset)
 
     @staticmethod
     def _is_loop(tail: PeriodicTail, text: str, min_repeats: float, min_span: int) -> bool:

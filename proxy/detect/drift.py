@@ -68,6 +68,9 @@ class LanguageDrift:
         self._in_foreign = False
         self._first_onset = 0
         self._opening = 0
+        # Whether any identified segment was in another language than the reference: without
+        # that, the end-of-stream judgement has nothing to find and is skipped.
+        self.doubt = False
 
     def update(self, new: str, *, end: int, fences: int, final: bool) -> tuple[float, int] | None:
         """Take the text of one check (``end``: stream length after it; ``fences``: code fences
@@ -121,6 +124,8 @@ class LanguageDrift:
         if found is None:
             return None
         code, confidence = found
+        if reference is not None and not same_language(reference, code):
+            self.doubt = True
         if reference is None:
             if confidence >= cfg.language_min_confidence:
                 self._established = code

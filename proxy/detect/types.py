@@ -39,6 +39,14 @@ class DetectorConfig:
     # Inside code fences, Markdown tables and JSON: copies and compression limits times this.
     structured_relax: float = 2.0
 
+    # Near-identical loop signal on/off (with repetition): lines or sentences that repeat with
+    # small edits (proxy/detect/lines.py).
+    line_loop: bool = True
+    # Copies of a block of near-identical units (lines, sentences) a loop needs.
+    line_loop_min_repeats: float = 4.0
+    # Characters such a loop must cover.
+    line_loop_min_span_chars: int = 240
+
     # Near-repetition signal on/off: repeated word-4-gram rate plus compression.
     ngram: bool = True
     # Recent words the n-gram and diversity signals look at.
