@@ -22,8 +22,9 @@ Two steps, both resumable:
 
 Run (niced, one thread: the machine is shared)::
 
-    nice -n 19 python bench/data/build_realgen.py generate [--limit N]
+    nice -n 19 python bench/data/build_realgen.py generate [--limit N] [--threads N]
     python bench/data/build_realgen.py label
+    python bench/data/build_realgen.py review     # what the manual review reads
 """
 
 from __future__ import annotations
@@ -31,10 +32,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -226,7 +230,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "sampled": {"temperature": 0.8, "top_p": 0.95, "repeat_penalty": 1.0, "seed": 7},
     "sampled-rp": {"temperature": 0.8, "top_p": 0.95, "repeat_penalty": 1.15, "seed": 11},
 }
-MAX_TOKENS = 300
+MAX_TOKENS = 200
 
 
 def _manifest() -> dict[str, Any]:
@@ -237,9 +241,11 @@ def _manifest() -> dict[str, Any]:
     return data
 
 
-def _start_llama(port: int) -> subprocess.Popen[bytes]:
+def _start_llama(port: int, threads: int, parallel: int) -> subprocess.Popen[bytes]:
     entry = _manifest()["llamacpp"]
     argv = [part.replace("{port}", str(port)) for part in entry["command"]]
+    # Several slots decode as one batch: on one thread that is nearly free per extra sequence.
+    argv += ["--threads", str(threads), "--parallel", str(parallel)]
     log = (HERE / ".realgen-server.log").open("wb")
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
 
@@ -250,14 +256,15 @@ def _done_keys() -> set[str]:
     return {json.loads(line)["id"] for line in RAW.open(encoding="utf-8") if line.strip()}
 
 
-def generate(limit: int | None, port: int) -> None:
+def generate(limit: int | None, port: int, threads: int, parallel: int) -> None:
     import httpx
 
+    # Settings interleaved, so a run stopped early still covers all of them.
     jobs = [
         (f"realgen-{pid}-{lang}-{setting}", pid, lang, setting)
-        for setting in SETTINGS
         for pid, texts in PROMPTS.items()
         for lang in LANGUAGES
+        for setting in SETTINGS
         if lang in texts
     ]
     done = _done_keys()
@@ -265,9 +272,15 @@ def generate(limit: int | None, port: int) -> None:
     print(f"{len(jobs)} jobs, {len(done)} done, {len(todo)} to run", flush=True)
     if not todo:
         return
-    server = _start_llama(port)
-    # A SIGTERM to the builder must not leave the engine running.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    server = _start_llama(port, threads, parallel)
+
+    # A SIGTERM to the builder must not leave the engine running (nor wait for requests in
+    # flight: the rows already written are kept, the rest is generated on the next run).
+    def stop(*_: object) -> None:
+        server.kill()
+        os._exit(143)
+
+    signal.signal(signal.SIGTERM, stop)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -280,47 +293,265 @@ def generate(limit: int | None, port: int) -> None:
             if time.monotonic() > deadline or server.poll() is not None:
                 raise SystemExit("llama.cpp server did not start; see .realgen-server.log")
             time.sleep(0.5)
+        lock = threading.Lock()
         with httpx.Client(base_url=url, timeout=600) as client, RAW.open("a") as out:
-            for key, pid, lang, setting in todo:
-                prompt = PROMPTS[pid][lang]
-                body = {
-                    "model": _manifest()["served_model_name"],
-                    "messages": [{"role": "user", "content": prompt}],
-                    "max_tokens": MAX_TOKENS,
-                    "logprobs": True,
-                    "top_logprobs": 5,
-                    **SETTINGS[setting],
-                }
-                started = time.monotonic()
-                reply = client.post("/v1/chat/completions", json=body)
-                reply.raise_for_status()
-                choice = reply.json()["choices"][0]
-                content = choice.get("logprobs", {}).get("content") or []
-                row = {
-                    "id": key,
-                    "engine": "llama.cpp (xllamacpp), SmolLM2-135M-Instruct Q4_1",
-                    "prompt_id": pid,
-                    "prompt_language": lang,
-                    "prompt": prompt,
-                    "setting": setting,
-                    "sampling": SETTINGS[setting],
-                    "max_tokens": MAX_TOKENS,
-                    "finish_reason": choice.get("finish_reason"),
-                    "text": choice["message"].get("content") or "",
-                    "tokens": [e.get("token", "") for e in content],
-                    "token_logprobs": [e.get("logprob") for e in content],
-                    "top_logprobs": [
-                        {a["token"]: a["logprob"] for a in e.get("top_logprobs") or []}
-                        for e in content
-                    ],
-                    "seconds": round(time.monotonic() - started, 2),
-                }
-                out.write(json.dumps(row, ensure_ascii=False) + "\n")
-                out.flush()
-                print(key, row["finish_reason"], len(row["text"]), row["seconds"], flush=True)
+
+            def run(job: tuple[str, str, str, str]) -> None:
+                row = _generate_one(client, *job)
+                with lock:
+                    out.write(json.dumps(row, ensure_ascii=False) + "\n")
+                    out.flush()
+                print(job[0], row["finish_reason"], len(row["text"]), row["seconds"], flush=True)
+
+            with ThreadPoolExecutor(parallel) as pool:
+                for _ in pool.map(run, todo):
+                    pass
     finally:
         server.terminate()
-        server.wait(timeout=30)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def _generate_one(client: Any, key: str, pid: str, lang: str, setting: str) -> dict[str, Any]:
+    """One chat completion with logprobs, stored as the engine returned it."""
+    prompt = PROMPTS[pid][lang]
+    body = {
+        "model": _manifest()["served_model_name"],
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": MAX_TOKENS,
+        "logprobs": True,
+        "top_logprobs": 5,
+        **SETTINGS[setting],
+    }
+    started = time.monotonic()
+    reply = client.post("/v1/chat/completions", json=body)
+    reply.raise_for_status()
+    choice = reply.json()["choices"][0]
+    content = (choice.get("logprobs") or {}).get("content") or []
+    return {
+        "id": key,
+        "engine": "llama.cpp (xllamacpp), SmolLM2-135M-Instruct Q4_1",
+        "prompt_id": pid,
+        "prompt_language": lang,
+        "prompt": prompt,
+        "setting": setting,
+        "sampling": SETTINGS[setting],
+        "max_tokens": MAX_TOKENS,
+        "finish_reason": choice.get("finish_reason"),
+        "text": choice["message"].get("content") or "",
+        "tokens": [e.get("token", "") for e in content],
+        "token_logprobs": [e.get("logprob") for e in content],
+        "top_logprobs": [
+            {a["token"]: a["logprob"] for a in e.get("top_logprobs") or []} for e in content
+        ],
+        "seconds": round(time.monotonic() - started, 2),
+    }
+
+
+# -- labelling (the rules of REALGEN.md) ------------------------------------------------------
+
+_DIGITS = re.compile(r"\d+")
+_SENTENCE = re.compile(r"[^.!?。！？\n]+[.!?。！？]*")
+_MARKUP = re.compile(r"[\d#*_`|>\[\]()]+")
+#: Languages langid.py confuses on sentences; a switch inside a group is not drift.
+_CLOSE = (
+    {"es", "pt", "gl", "ca", "it", "an"}, {"id", "ms", "jv"}, {"no", "nb", "da", "sv"},
+    {"hr", "sr", "bs", "sl"}, {"ru", "uk", "be", "bg"}, {"cs", "sk"}, {"zh", "ja"},
+    {"nl", "af", "fy"},
+)  # fmt: skip
+#: Sentences shorter than this (characters, markup removed) are not identified.
+MIN_SENTENCE = 30
+#: Probability langid.py must give a sentence for it to count.
+MIN_PROB = 0.8
+
+
+def _same(a: str, b: str) -> bool:
+    return a == b or any(a in g and b in g for g in _CLOSE)
+
+
+def periodic_suffix(text: str, period: int) -> int:
+    """Length of the longest suffix of ``text`` equal to itself shifted by ``period``."""
+    n = len(text)
+    lo, hi = 0, n - period
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if text[n - mid :] == text[n - mid - period : n - period]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def loop_rule(text: str) -> tuple[str, int, int, float] | None:
+    """(kind, onset, period, copies) of the periodic region that ends the text, digits
+    normalised (a counter loop is a loop): at least 3 copies over 120 characters, or a unit of
+    at most 10 characters repeated 10 times (a flood). The smallest such period wins."""
+    body = text.rstrip()
+    norm = _DIGITS.sub("0", body)
+    # Map normalised offsets back to raw ones through the digit runs.
+    n = len(norm)
+    for period in range(1, n // 3 + 1):
+        suffix = periodic_suffix(norm, period)
+        covered = suffix + period
+        copies = covered / period
+        flood = period <= 10 and copies >= 10 and covered >= 30
+        if flood or (copies >= 3 and covered >= 120):
+            onset_norm = n - covered
+            onset = _raw_offset(body, onset_norm)
+            return ("token-flood" if period <= 10 else "repetition-loop", onset, period, copies)
+    return None
+
+
+def _raw_offset(raw: str, norm_offset: int) -> int:
+    """The raw offset whose digit-normalised prefix has ``norm_offset`` characters."""
+    count = 0
+    pos = 0
+    for match in _DIGITS.finditer(raw):
+        gap = match.start() - pos
+        if count + gap >= norm_offset:
+            return pos + (norm_offset - count)
+        count += gap + 1
+        pos = match.end()
+        if count >= norm_offset:
+            return pos
+    return pos + (norm_offset - count)
+
+
+def repeated_lines(text: str) -> tuple[int, int] | None:
+    """(onset, copies) of a line of at least 20 characters (digits normalised, case folded)
+    that occurs three times or more: a loop with small edits around it."""
+    seen: dict[str, list[int]] = {}
+    pos = 0
+    for line in text.split("\n"):
+        key = " ".join(_DIGITS.sub("0", line).lower().split())
+        if len(key) >= 20:
+            seen.setdefault(key, []).append(pos)
+        pos += len(line) + 1
+    best = max(seen.values(), key=len, default=[])
+    return (best[0], len(best)) if len(best) >= 3 else None
+
+
+def sentence_languages(text: str) -> list[tuple[int, int, str]]:
+    """(start, characters, language) of each sentence langid.py is sure of."""
+    from langid.langid import LanguageIdentifier, model
+
+    identifier = _identifier(LanguageIdentifier, model)
+    out = []
+    for match in _SENTENCE.finditer(text):
+        clean = " ".join(_MARKUP.sub(" ", match.group()).split())
+        if len(clean) < MIN_SENTENCE:
+            continue
+        code, prob = identifier.classify(clean)
+        if prob >= MIN_PROB:
+            out.append((match.start() + len(match.group()) - len(match.group().lstrip()),
+                        len(clean), code))  # fmt: skip
+    return out
+
+
+_IDENTIFIERS: list[Any] = []
+
+
+def _identifier(cls: Any, model: Any) -> Any:
+    if not _IDENTIFIERS:
+        _IDENTIFIERS.append(cls.from_modelstring(model, norm_probs=True))
+    return _IDENTIFIERS[0]
+
+
+def label_row(raw: dict[str, Any]) -> dict[str, Any]:
+    """Apply the written rules to one generation; see REALGEN.md."""
+    text: str = raw["text"]
+    lang: str = raw["prompt_language"]
+    row: dict[str, Any] = {
+        "id": raw["id"],
+        "text": text,
+        "label": "unsure",
+        "kind": "llm-answer",
+        "lang": lang,
+        "prompt_language": lang,
+        "onset_char": None,
+        "source": f"{raw['engine']}; {raw['setting']} {raw['sampling']}; "
+        f"max_tokens {raw['max_tokens']}; finish_reason {raw['finish_reason']}",
+        "tokens": raw["tokens"],
+        "token_logprobs": raw["token_logprobs"],
+        "top_logprobs": raw["top_logprobs"],
+    }
+    sentences = sentence_languages(text)
+    identified = sum(n for _, n, _ in sentences)
+    native = sum(n for _, n, c in sentences if _same(lang, c))
+    english = [(s, n) for s, n, c in sentences if c == "en" and not _same(lang, "en")]
+    english_chars = sum(n for _, n in english)
+    ran_out = raw["finish_reason"] == "length"
+    loop = loop_rule(text)
+    lines = repeated_lines(text) if ran_out else None
+    rule = None
+    onset = None
+    degen = None
+    if loop is not None:
+        degen, onset, rule = loop[0], loop[1], f"periodic tail p={loop[2]} x{loop[3]:.1f}"
+    elif lines is not None:
+        degen, onset, rule = "repetition-loop", lines[0], f"line repeated x{lines[1]}"
+    if english_chars >= 100 and english_chars >= 0.3 * identified:
+        drift_onset = english[0][0]
+        if onset is None or drift_onset < onset:
+            degen, onset = "language-drift", drift_onset
+            rule = f"English {english_chars}/{identified} identified chars (langid.py)"
+    if degen is not None:
+        row.update(label="degenerate", degen_type=degen, onset_char=onset, label_rule=rule)
+    elif len(text.strip()) < 40 or (identified and native >= 0.6 * identified):
+        row.update(label="healthy", label_rule=f"native {native}/{identified} identified chars")
+    else:
+        row["label_rule"] = f"native {native}/{identified}, English {english_chars}: no rule"
+    return row
+
+
+#: Labels corrected by reading the text (see REALGEN.md, "Manual review"): id -> (label,
+#: degen_type, onset_char, reason).
+REVIEWED: dict[str, tuple[str, str | None, int | None, str]] = {}
+
+
+def label_all(raw_path: Path, out_path: Path) -> None:
+    rows = [json.loads(line) for line in raw_path.open(encoding="utf-8") if line.strip()]
+    rows.sort(key=lambda r: r["id"])
+    counts: dict[str, int] = {}
+    with out_path.open("w", encoding="utf-8") as out:
+        for raw in rows:
+            row = label_row(raw)
+            if raw["id"] in REVIEWED:
+                label, degen, onset, reason = REVIEWED[raw["id"]]
+                row.pop("degen_type", None)
+                row.update(label=label, onset_char=onset, label_rule=f"manual: {reason}")
+                if degen is not None:
+                    row["degen_type"] = degen
+            key = f"{row['label']}/{row.get('degen_type', '-')}"
+            counts[key] = counts.get(key, 0) + 1
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    for key in sorted(counts):
+        print(f"{key:<32}{counts[key]:>5}")
+
+
+def review(out_path: Path, sample: int = 30, seed: int = 5) -> None:
+    """Print what a reviewer reads: every line where the detector and the rules disagree, and
+    a random sample of lines where they agree."""
+    import random
+
+    from proxy.scoring import score_rows
+
+    rows = [json.loads(line) for line in out_path.open(encoding="utf-8") if line.strip()]
+    results = list(score_rows(rows))
+    disagree = [r for r in results if r.row["label"] != "unsure"
+                and (r.row["label"] == "degenerate") != r.degenerate]  # fmt: skip
+    agree = [r for r in results if r.row["label"] != "unsure" and r not in disagree]
+    picked = random.Random(seed).sample(agree, min(sample, len(agree)))
+    for title, group in (("DISAGREE", disagree), ("AGREE (sample)", picked)):
+        for r in group:
+            row = r.row
+            print(f"=== {title} {row['id']} rules={row['label']}/{row.get('degen_type')}"
+                  f"@{row['onset_char']} ({row.get('label_rule')}) detector={r.signal}"
+                  f"@{r.onset_char}")  # fmt: skip
+            print(row["text"][:700])
+            print()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,14 +560,17 @@ def main(argv: list[str] | None = None) -> int:
     gen = sub.add_parser("generate")
     gen.add_argument("--limit", type=int, default=None)
     gen.add_argument("--port", type=int, default=18931)
+    gen.add_argument("--threads", type=int, default=1)
+    gen.add_argument("--parallel", type=int, default=4)
     sub.add_parser("label")
+    sub.add_parser("review")
     args = parser.parse_args(argv)
     if args.step == "generate":
-        generate(args.limit, args.port)
-    else:
-        from bench.data.realgen_label import label_all
-
+        generate(args.limit, args.port, args.threads, args.parallel)
+    elif args.step == "label":
         label_all(RAW, OUT)
+    else:
+        review(OUT)
     return 0
 
 
