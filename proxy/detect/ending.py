@@ -27,6 +27,9 @@ from proxy.detect.repetition import PeriodicTail, periodic_tail
 
 # Sentence-sized units: up to a sentence end (Latin and CJK punctuation) or a line break.
 _UNIT = re.compile(r"[^\n.!?。！？]*(?:[.!?。！？]+|\n+|$)")
+_QUOTED = re.compile(
+    r'"[^"]{1,160}"|“[^”]{1,160}”|„[^“”]{1,160}[“”]|«[^»]{1,160}»|「[^」]{1,160}」'
+)
 # Letters of scripts written without spaces carry about a word each, not a letter's worth.
 _WIDE = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff]")
 
@@ -88,6 +91,11 @@ def identified_units(text: str) -> list[Unit]:
         pending = ""
         if weight < UNIT_MIN // 2:
             continue
+        # A phrase in quotes is mentioned, not written in: "In German, the phrase «…»
+        # translates to …" is an English sentence, whatever the quotation says.
+        unquoted = _QUOTED.sub(" ", clean)
+        if unquoted != clean and _weight(unquoted) >= UNIT_MIN:
+            clean = unquoted
         found = classify(clean)
         code = found[0] if found and found[1] >= UNIT_CONFIDENCE else None
         units.append(Unit(start, weight, code))

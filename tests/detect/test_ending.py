@@ -130,3 +130,17 @@ def test_the_setting_reaches_the_policy() -> None:
     policy = RewritePolicy.from_settings(Settings(expect_language="off"))
     assert policy.expect_language == "off"
     assert RewritePolicy.from_settings(Settings()).expect_language == "prompt"
+
+
+def test_a_quoted_phrase_does_not_make_an_english_sentence_german() -> None:
+    """Small models answer a German prompt with English sentences about the prompt; the quoted
+    German inside them is mentioned, not written in."""
+    prompt = "Schreibe eine kurze Geschichte über eine Katze, die fliegen lernt."
+    text = (
+        f'{prompt}\n\nIn German, the phrase "{prompt[:-1]}" translates to a story about a cat'
+        " that learns to fly, and it is a common way to start a children's book in English."
+    )
+    units = identified_units(text)
+    assert [u.code for u in units] == ["de", "en"]
+    verdict = stream(text, expected_language="de").verdict
+    assert verdict is not None and verdict.signal == "language-drift"
