@@ -124,11 +124,14 @@ def score_text(
     )
 
 
-def expected_language_of(row: dict[str, Any]) -> str | None:
+def expected_language_of(
+    row: dict[str, Any], *, keys: tuple[str, ...] = ("prompt_language", "lang")
+) -> str | None:
     """The language the text was asked to be in: ``prompt_language``, else ``lang`` when it is
     an ISO 639-1 code (not ``code`` or ``mixed``). This plays the part of the request's language
-    constraint that the proxy passes to the detector."""
-    for key in ("prompt_language", "lang"):
+    constraint that the proxy passes to the detector (``keys=("prompt_language",)``: only what a
+    request would carry; a document's ``lang`` is nothing a proxy knows)."""
+    for key in keys:
         value = row.get(key)
         if isinstance(value, str) and len(value) == 2 and value.isalpha():
             return value.lower()
@@ -136,12 +139,17 @@ def expected_language_of(row: dict[str, Any]) -> str | None:
 
 
 def score_rows(
-    rows: Iterable[dict[str, Any]], *, config: Any = None, use_language: bool = True
+    rows: Iterable[dict[str, Any]],
+    *,
+    config: Any = None,
+    use_language: bool = True,
+    prompt_language_only: bool = False,
 ) -> Iterator[Scored]:
+    keys = ("prompt_language",) if prompt_language_only else ("prompt_language", "lang")
     for row in rows:
         if not isinstance(row.get("text"), str):
             raise ValueError(f"line without a string 'text' field (id={row.get('id')!r})")
-        expected = expected_language_of(row) if use_language else None
+        expected = expected_language_of(row, keys=keys) if use_language else None
         result = score_text(
             row["text"], config=config, expected_language=expected, tokens=token_stream(row)
         )
@@ -319,6 +327,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="do not pass the line's prompt_language/lang to the detector as the expected language",
     )
     parser.add_argument(
+        "--prompt-language-only",
+        action="store_true",
+        help="expect only a line's prompt_language (what a request carries), never its lang",
+    )
+    parser.add_argument(
         "--no-sweep",
         action="store_true",
         help="with --summary: the per-signal table at the default thresholds only (one pass)",
@@ -348,7 +361,10 @@ def run(args: argparse.Namespace) -> int:
         elif not args.summary:
             out = sys.stdout
         for result in score_rows(
-            _read_jsonl(source), config=config, use_language=not args.no_expected_language
+            _read_jsonl(source),
+            config=config,
+            use_language=not args.no_expected_language,
+            prompt_language_only=args.prompt_language_only,
         ):
             if out is not None:
                 out.write(json.dumps(result.output(), ensure_ascii=False) + "\n")
@@ -370,7 +386,8 @@ def run(args: argparse.Namespace) -> int:
             use = not args.no_expected_language
             runs = [
                 (name, results if factor == 1.0 else list(
-                    score_rows(rows, config=scaled_config(config, factor), use_language=use)
+                    score_rows(rows, config=scaled_config(config, factor), use_language=use,
+                               prompt_language_only=args.prompt_language_only)
                 ))
                 for name, factor in PRESETS
             ]  # fmt: skip

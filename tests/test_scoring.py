@@ -191,3 +191,18 @@ def test_scaled_config_asks_for_more_evidence_above_one() -> None:
     assert strict.diversity_min_ratio < base.diversity_min_ratio
     assert strict.language_min_confidence <= 0.99
     assert isinstance(strict.repetition_min_span_chars, int)
+
+
+def test_prompt_language_only_ignores_a_documents_lang() -> None:
+    """A proxy knows the request's language, never a document's: with the flag, a row's
+    ``lang`` is not passed to the detector, its ``prompt_language`` is."""
+    from proxy.scoring import expected_language_of
+
+    doc = {"text": "x", "lang": "pt"}
+    asked = {"text": "x", "lang": "pt", "prompt_language": "it"}
+    assert expected_language_of(doc) == "pt"
+    assert expected_language_of(doc, keys=("prompt_language",)) is None
+    assert expected_language_of(asked, keys=("prompt_language",)) == "it"
+    result = _score(str(SAMPLE), "--summary", "--no-sweep", "--prompt-language-only")
+    assert result.returncode == 0, result.stderr
+    assert "default" in result.stdout and "sensitive" not in result.stdout
