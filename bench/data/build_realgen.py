@@ -499,6 +499,10 @@ def label_row(raw: dict[str, Any]) -> dict[str, Any]:
             rule = f"English {english_chars}/{identified} identified chars (langid.py)"
     if degen is not None:
         row.update(label="degenerate", degen_type=degen, onset_char=onset, label_rule=rule)
+    elif lang != "en":
+        # The review found word salad in most of these (invented words that langid.py, like
+        # fastText, still calls the prompt's language): no rule can call them healthy.
+        row["label_rule"] = f"native {native}/{identified}: word salad not ruled out"
     elif len(text.strip()) < 40 or (identified and native >= 0.6 * identified):
         row.update(label="healthy", label_rule=f"native {native}/{identified} identified chars")
     else:
@@ -508,7 +512,17 @@ def label_row(raw: dict[str, Any]) -> dict[str, Any]:
 
 #: Labels corrected by reading the text (see REALGEN.md, "Manual review"): id -> (label,
 #: degen_type, onset_char, reason).
-REVIEWED: dict[str, tuple[str, str | None, int | None, str]] = {}
+REVIEWED: dict[str, tuple[str, str | None, int | None, str]] = {
+    "realgen-capital-de-sampled": (
+        "degenerate", "language-drift", 40,
+        "German question restated, then English; langid.py calls the English German because"
+        " of the German words it quotes",
+    ),
+    "realgen-paragraphs-pl-greedy": (
+        "degenerate", "language-drift", 59,
+        "Polish prompt restated, then an English sentence about it that quotes the prompt",
+    ),
+}  # fmt: skip
 
 
 def label_all(raw_path: Path, out_path: Path) -> None:

@@ -151,6 +151,15 @@ class Detector:
             if loop is not None:
                 self._fire("repetition", loop.repeats, self._chars - loop.span)
                 return
+            # The same with numbers normalised: a counter loop cut short by the token limit.
+            norm = self._norm
+            counter = final_loop(norm, cfg.repetition_min_span_chars)
+            if counter is not None:
+                onset = self._norm_to_raw(self._norm_total - counter.span)
+                slots = norm[len(norm) - counter.period :].count("0")
+                if not counts_down(self._raw[max(0, onset - self._raw_base) :], slots):
+                    self._fire("repetition", counter.repeats, onset)
+                    return
         # The streaming identification saw every short answer whole and samples longer ones:
         # when none of it was in doubt there is no drift for the sentence-level pass to find.
         short = self._chars <= 8 * cfg.language_segment_chars

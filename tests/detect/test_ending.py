@@ -144,3 +144,17 @@ def test_a_quoted_phrase_does_not_make_an_english_sentence_german() -> None:
     assert [u.code for u in units] == ["de", "en"]
     verdict = stream(text, expected_language="de").verdict
     assert verdict is not None and verdict.signal == "language-drift"
+
+
+def test_a_counter_loop_cut_short_by_the_token_limit_is_a_loop_at_the_end() -> None:
+    """Five copies that differ only in a year: too few for the streaming counter check, enough
+    when the answer ends in them; a countdown of the same length still passes."""
+    loop = "".join(f"{y} was the year of the dragon, the year of fire. " for y in range(2019, 2024))
+    assert not streamed_only(ENGLISH[:200] + loop, DetectorConfig())
+    verdict = stream(ENGLISH[:200] + loop).verdict
+    assert verdict is not None and verdict.signal == "repetition"
+    assert abs(verdict.onset_char - 200) <= 2
+    countdown = "".join(
+        f"{n} was the year of the dragon, the year of fire. " for n in range(9, 4, -1)
+    )
+    assert stream(ENGLISH[:200] + countdown).verdict is None
