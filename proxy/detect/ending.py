@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from proxy.detect.repetition import PeriodicTail, periodic_tail
 
 # Sentence-sized units: up to a sentence end (Latin and CJK punctuation) or a line break.
-_UNIT = re.compile(r"[^\n.!?。！？]*(?:[.!?。！？]+|\n+|$)")
+_UNIT = re.compile(r"[^\n.!?。！？]*(?:[.!?。！？]+[\"”»」']*|\n+|$)")
 _QUOTED = re.compile(
     r'"[^"]{1,160}"|“[^”]{1,160}”|„[^“”]{1,160}[“”]|«[^»]{1,160}»|「[^」]{1,160}」'
 )
@@ -93,10 +93,14 @@ def identified_units(text: str) -> list[Unit]:
             continue
         # A phrase in quotes is mentioned, not written in: "In German, the phrase «…»
         # translates to …" is an English sentence, whatever the quotation says.
-        unquoted = _QUOTED.sub(" ", clean)
-        if unquoted != clean and _weight(unquoted) >= UNIT_MIN:
-            clean = unquoted
-        found = classify(clean)
+        # Without the quotation too little may be left to be sure of: then the whole unit.
+        found = None
+        if _QUOTED.search(piece_text := text[start : match.end()]):
+            unquoted = strip_noise(_QUOTED.sub(" ", piece_text))
+            if _weight(unquoted) >= UNIT_MIN:
+                found = classify(unquoted)
+        if found is None or found[1] < UNIT_CONFIDENCE:
+            found = classify(clean)
         code = found[0] if found and found[1] >= UNIT_CONFIDENCE else None
         units.append(Unit(start, weight, code))
     return units

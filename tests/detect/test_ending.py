@@ -158,3 +158,10 @@ def test_a_counter_loop_cut_short_by_the_token_limit_is_a_loop_at_the_end() -> N
         f"{n} was the year of the dragon, the year of fire. " for n in range(9, 4, -1)
     )
     assert stream(ENGLISH[:200] + countdown).verdict is None
+
+
+def test_a_quotation_that_ends_a_sentence_stays_in_its_unit() -> None:
+    prompt = "Napisz opowiadanie z trzydziestu akapitów, numerując każdy akapit."
+    text = f'{prompt}\n\nThis is a common Polish expression that translates to "{prompt}"'
+    units = identified_units(text)
+    assert [u.code for u in units] == ["pl", "en"]
