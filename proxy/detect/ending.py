@@ -11,8 +11,11 @@ the whole (bounded) text can be judged at once:
   own (a fixed-size segment straddling the switch is a mixture that identifies as nothing).
   With an expected language, drift is foreign text that *ends* the answer (the model never came
   back) and holds a third of the identified text, or foreign text that holds half of it. Without
-  one, a single switch that stays is what a partly translated document does, so only an answer
-  that *alternates* (opening language, another, the opening one again, the other again) counts.
+  one, a document may switch language for good (a page translated in part, an English heading
+  over a localised page), so only the shape of a drifted answer counts: a short opening (the
+  prompt restated), then, to the end, a language models fall back to, holding most of the text.
+  Quoted phrases are left out of a sentence's identification: they are mentioned, not written
+  in ("In German, the phrase «…» translates to …" is English).
 * **flood at the end**: a unit of a few characters repeated to the very end.
 * **loop at the end**: an exact periodic tail with fewer copies than a streaming loop needs but
   enough to be no accident (three whole copies of a long unit that the answer ends in).
@@ -117,7 +120,7 @@ def final_drift(text: str, expected: str | None, *, offset: int = 0) -> tuple[fl
         return None
     reference = expected
     if reference is None:
-        # No request language: the opening is the best guess, but only alternation counts.
+        # No request language: the opening is the best guess of what was asked.
         reference = known[0].code
     assert reference is not None
     total = sum(u.weight for u in units)
