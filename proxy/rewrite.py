@@ -289,11 +289,15 @@ def _constrain_language(
     prompt's own language is still the best evidence of the language the answer should be in:
     a model asked in Italian that answers in English has drifted, whether or not anyone asked
     the guard to pin the language. So ``expect="prompt"`` tells the detector that language
-    without touching the request.
+    without touching the request. Except English: a prompt in English that asks for an answer in
+    another language ("write it in Italian", "translate into French") is common, while models
+    drift *into* English, not out of it; a Chinese or Korean answer to an English prompt is
+    still caught by the script-intrusion signal, which needs no expected language.
     """
     if setting == "off":
         if expect == "prompt":
-            return _detect_prompt_language(body, endpoint), None
+            code = _detect_prompt_language(body, endpoint)
+            return (None if code == "en" else code), None
         return None, None
     if setting == "auto":
         code = _detect_prompt_language(body, endpoint)

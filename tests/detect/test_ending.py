@@ -165,3 +165,10 @@ def test_a_quotation_that_ends_a_sentence_stays_in_its_unit() -> None:
     text = f'{prompt}\n\nThis is a common Polish expression that translates to "{prompt}"'
     units = identified_units(text)
     assert [u.code for u in units] == ["pl", "en"]
+
+
+def test_an_english_prompt_sets_no_expectation() -> None:
+    """ "Write it in Italian" is an English prompt whose healthy answer is Italian: models drift
+    into English, not out of it, so an English prompt expects nothing."""
+    body = chat("Write a 75-paragraph story in Italian, numbering each paragraph")
+    assert rewrite_request(body, "chat", RewritePolicy()).expected_language is None
