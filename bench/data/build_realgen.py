@@ -522,6 +522,14 @@ REVIEWED: dict[str, tuple[str, str | None, int | None, str]] = {
         "degenerate", "language-drift", 59,
         "Polish prompt restated, then an English sentence about it that quotes the prompt",
     ),
+    "realgen-list-pt-sampled": (
+        "unsure", None, None,
+        "'1. 1' to '20. 20' and stop: an empty list that ends where it was asked to, not a loop",
+    ),
+    "realgen-paragraphs-pt-greedy-rp": (
+        "unsure", None, None,
+        "the 'English' is the comments of a fenced Python block after Portuguese salad",
+    ),
 }  # fmt: skip
 
 

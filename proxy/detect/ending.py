@@ -24,6 +24,7 @@ the whole (bounded) text can be judged at once:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy.detect.repetition import PeriodicTail, periodic_tail
@@ -70,6 +71,18 @@ def _weight(clean: str) -> int:
     return len(clean) + 2 * len(_WIDE.findall(clean))
 
 
+def _code_unit(text: str, code_like: Callable[[str], bool]) -> bool:
+    """Code, by the streaming signal's density rule, with at least three symbols: one bracket
+    and a semicolon make a 35-character list item look like code ("1) a laptop;")."""
+    return code_like(text) and sum(text.count(c) for c in "{}();=$<>[]") >= 3
+
+
+def words_in(unit: str) -> int:
+    """Words of a unit: space-separated ones, and for scripts written without spaces one per
+    two letters (a Chinese or Japanese word is one to three characters)."""
+    return len(unit.split()) + len(_WIDE.findall(unit)) // 2
+
+
 def identified_units(text: str) -> list[Unit]:
     """Cut ``text`` into sentence-sized units (short ones merged forward) and identify each."""
     from proxy.detect.drift import code_like
@@ -85,7 +98,7 @@ def identified_units(text: str) -> list[Unit]:
         if not pending:
             start = match.start() + len(piece) - len(piece.lstrip())
         pending += piece
-        clean = "" if code_like(pending) else strip_noise(pending)
+        clean = "" if _code_unit(pending, code_like) else strip_noise(pending)
         weight = _weight(clean)
         if weight < UNIT_MIN and match.end() < len(text):
             if len(pending) > 600:
@@ -167,24 +180,30 @@ _LAYOUT = frozenset(" \t\n-=_*#~|.:+")
 
 
 def final_flood(text: str) -> PeriodicTail | None:
-    """A short unit (up to 8 characters, with something other than layout in it) repeated at
-    least 12 times over at least 40 characters at the very end."""
+    """A short unit (up to 8 characters, not a layout rule) repeated at least 12 times over at
+    least 40 characters at the very end."""
     tail = periodic_tail(text[-512:])
     if tail is None or tail.period > 8 or tail.repeats < 12 or tail.span < 40:
         return None
     unit = text[len(text) - tail.period :]
-    if all(ch in _LAYOUT for ch in unit):
+    # A rule of dashes or a run of blank lines is layout; line after line of nothing but
+    # markup ("#", "---" a dozen times over) is not.
+    if all(ch in _LAYOUT for ch in unit) and not ("\n" in unit and unit.strip()):
         return None
     return tail
 
 
 def final_loop(text: str, min_span: int) -> PeriodicTail | None:
-    """An exact periodic tail of at least three whole copies whose unit holds words, covering
-    ``min_span`` characters: an answer that ends repeating itself."""
+    """An exact periodic tail of at least three whole copies whose unit holds four words or
+    more, covering ``min_span`` characters (wide ones x3): an answer that ends repeating
+    itself."""
     tail = periodic_tail(text[-8192:])
-    if tail is None or tail.repeats < 3 or tail.span < min_span:
+    if tail is None or tail.repeats < 3:
+        return None
+    # Characters of scripts written without spaces weigh as in the drift units (x3).
+    if _weight(text[len(text) - tail.span :]) < min_span:
         return None
     unit = text[len(text) - tail.period :]
-    if len(unit.split()) < 4:
+    if words_in(unit) < 4:
         return None
     return tail

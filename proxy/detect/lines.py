@@ -23,6 +23,7 @@ import re
 from collections import deque
 
 from proxy.detect.diversity import words_of
+from proxy.detect.ending import words_in
 
 #: Longest block (units) looked for: a dialogue exchange or a stanza of a few lines.
 MAX_PERIOD = 8
@@ -61,18 +62,14 @@ def similar(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     return short[i:] == long[i + 1 :]
 
 
-def _word_count(unit: tuple[str, ...]) -> int:
-    return len(unit) - 1 if unit and not unit[0] else len(unit)
-
-
 class LineLoop:
     """Near-identical unit loop state of one stream."""
 
     def __init__(self) -> None:
         self._partial = ""
         self._partial_start = 0
-        # (words, start offset, characters) of the recent non-blank units
-        self._units: deque[tuple[tuple[str, ...], int, int]] = deque(maxlen=2 * MAX_PERIOD + 1)
+        # (words, start offset, characters, word count) of the recent non-blank units
+        self._units: deque[tuple[tuple[str, ...], int, int, int]] = deque(maxlen=2 * MAX_PERIOD + 1)
         self._runs = [0] * (MAX_PERIOD + 1)
         self._edited = [0] * (MAX_PERIOD + 1)
 
@@ -130,7 +127,7 @@ class LineLoop:
             else:
                 runs[p] = 0
                 edited[p] = 0
-        units.append((unit, start, len(piece)))
+        units.append((unit, start, len(piece), words_in(piece)))
         if not alive:
             return None
         best: tuple[int, int, int, int, int] | None = None
@@ -141,7 +138,7 @@ class LineLoop:
             covered = run + p
             if covered > len(units):
                 covered = len(units)
-            if sum(_word_count(u[0]) for u in list(units)[-p:]) < MIN_BLOCK_WORDS:
+            if sum(u[3] for u in list(units)[-p:]) < MIN_BLOCK_WORDS:
                 continue
             first = units[-covered]
             span = start + len(piece) - first[1]

@@ -172,3 +172,25 @@ def test_an_english_prompt_sets_no_expectation() -> None:
     into English, not out of it, so an English prompt expects nothing."""
     body = chat("Write a 75-paragraph story in Italian, numbering each paragraph")
     assert rewrite_request(body, "chat", RewritePolicy()).expected_language is None
+
+
+def test_a_chinese_answer_that_ends_in_four_copies_of_a_sentence_is_a_loop() -> None:
+    """CJK characters weigh three (a word each, not a letter): four copies of a 30-character
+    sentence cover enough text."""
+    sentence = "你可以在这里提供更多的副歌，我可以在这里提供更多的副歌。\n\n"
+    verdict = stream("没有。" + sentence * 4).verdict
+    assert verdict is not None and verdict.signal == "repetition"
+
+
+def test_lines_of_nothing_but_markup_at_the_end_are_a_flood() -> None:
+    verdict = stream(ENGLISH[:300] + "#\n\n" * 20).verdict
+    assert verdict is not None and verdict.signal == "token-flood"
+
+
+def test_a_list_item_with_a_bracket_and_a_semicolon_is_prose() -> None:
+    """ "1) A home office and a work laptop;" is a list item, not code: it is identified."""
+    text = "Hoe kies je? You have a choice between two options of this kind:\n"
+    text += "1) A home office and a work laptop;\n2) An old room with an antique desk in it.\n"
+    assert {u.code for u in identified_units(text)} == {"en"}
+    verdict = stream(text, expected_language="nl").verdict
+    assert verdict is not None and verdict.signal == "language-drift"
