@@ -163,6 +163,15 @@ def score_rows(
         )
 
 
+def _open_text(path: str) -> IO[str]:
+    """A JSONL file, gzip-compressed when its name ends in ``.gz``."""
+    if path.endswith(".gz"):
+        import gzip
+
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
 def _read_jsonl(stream: IO[str]) -> Iterator[dict[str, Any]]:
     for number, line in enumerate(stream, 1):
         if not line.strip():
@@ -314,7 +323,9 @@ def signal_table(runs: list[tuple[str, list[Scored]]]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("input", help="JSON Lines file with 'id' and 'text' per line ('-': stdin)")
+    parser.add_argument(
+        "input", help="JSON Lines file (.gz too) with 'id' and 'text' per line ('-': stdin)"
+    )
     parser.add_argument("-o", "--output", help="write one verdict line per text here")
     parser.add_argument(
         "--summary",
@@ -347,9 +358,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"coherence-guard score: {exc}", file=sys.stderr)
         return 2
     try:
-        source: IO[str] = (
-            sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")  # noqa: SIM115
-        )
+        source: IO[str] = sys.stdin if args.input == "-" else _open_text(args.input)
     except OSError as exc:
         print(f"coherence-guard score: cannot read {args.input}: {exc.strerror}", file=sys.stderr)
         return 2

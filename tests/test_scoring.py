@@ -206,3 +206,13 @@ def test_prompt_language_only_ignores_a_documents_lang() -> None:
     result = _score(str(SAMPLE), "--summary", "--no-sweep", "--prompt-language-only")
     assert result.returncode == 0, result.stderr
     assert "default" in result.stdout and "sensitive" not in result.stdout
+
+
+def test_score_reads_gzip_compressed_jsonl(tmp_path: Path) -> None:
+    import gzip
+
+    packed = tmp_path / "in.jsonl.gz"
+    packed.write_bytes(gzip.compress(SAMPLE.read_bytes()))
+    plain, zipped = _score(str(SAMPLE)), _score(str(packed))
+    assert zipped.returncode == 0, zipped.stderr
+    assert zipped.stdout == plain.stdout and zipped.stdout

@@ -30,6 +30,8 @@ Run (niced, one thread: the machine is shared)::
 from __future__ import annotations
 
 import argparse
+import gzip
+import io
 import json
 import os
 import re
@@ -44,8 +46,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-RAW = HERE / "realgen-raw.jsonl"
-OUT = HERE / "realgen.jsonl"
+RAW = HERE / "realgen-raw.jsonl"  # the capture (not in git: every field is also in OUT)
+OUT = HERE / "realgen.jsonl.gz"
 
 #: Languages asked in (ISO 639-1), each prompt written natively in that language.
 LANGUAGES = ("en", "it", "es", "fr", "de", "pt", "ru", "zh", "ja", "tr", "vi", "id", "nl", "pl")
@@ -459,11 +461,19 @@ def _identifier(cls: Any, model: Any) -> Any:
     return _IDENTIFIERS[0]
 
 
+#: Fields of the capture kept in the labelled file, so the capture itself need not be kept.
+_CAPTURE_FIELDS = (
+    "engine", "prompt_id", "prompt", "setting", "sampling", "max_tokens", "finish_reason",
+    "seconds",
+)  # fmt: skip
+
+
 def label_row(raw: dict[str, Any]) -> dict[str, Any]:
     """Apply the written rules to one generation; see REALGEN.md."""
     text: str = raw["text"]
     lang: str = raw["prompt_language"]
     row: dict[str, Any] = {
+        **{k: raw[k] for k in _CAPTURE_FIELDS},
         "id": raw["id"],
         "text": text,
         "label": "unsure",
@@ -533,11 +543,22 @@ REVIEWED: dict[str, tuple[str, str | None, int | None, str]] = {
 }  # fmt: skip
 
 
+def _read(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
 def label_all(raw_path: Path, out_path: Path) -> None:
-    rows = [json.loads(line) for line in raw_path.open(encoding="utf-8") if line.strip()]
+    """Label the capture (or, without it, the labelled file itself: it carries every field of
+    the capture) and write ``out_path`` (gzip, reproducible bytes)."""
+    rows = _read(raw_path if raw_path.exists() else out_path)
     rows.sort(key=lambda r: r["id"])
     counts: dict[str, int] = {}
-    with out_path.open("w", encoding="utf-8") as out:
+    with (
+        gzip.GzipFile(out_path, "wb", mtime=0) as raw_out,
+        io.TextIOWrapper(raw_out, encoding="utf-8") as out,
+    ):
         for raw in rows:
             row = label_row(raw)
             if raw["id"] in REVIEWED:
@@ -560,8 +581,7 @@ def review(out_path: Path, sample: int = 30, seed: int = 5) -> None:
 
     from proxy.scoring import score_rows
 
-    rows = [json.loads(line) for line in out_path.open(encoding="utf-8") if line.strip()]
-    results = list(score_rows(rows))
+    results = list(score_rows(_read(out_path)))
     disagree = [r for r in results if r.row["label"] != "unsure"
                 and (r.row["label"] == "degenerate") != r.degenerate]  # fmt: skip
     agree = [r for r in results if r.row["label"] != "unsure" and r not in disagree]
