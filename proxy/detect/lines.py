@@ -107,27 +107,30 @@ class LineLoop:
         )
         # A small edit is only told from a different line in prose: six words separated by
         # spaces at least (a path or an identifier is one "word" to a reader, several here).
-        unit = words if len(piece.split()) >= 6 else ("", *words)
+        spaced = len(piece.split())
+        unit = words if spaced >= 6 else ("", *words)
         units = self._units
         runs, edited = self._runs, self._edited
         n = len(unit)
+        fuzzy = spaced >= 6 and n >= 6  # only such units can match with an edit
         have = len(units)
         alive = False
         for p in range(1, MAX_PERIOD + 1):
-            other = units[-p][0] if p <= have else None
-            if other is None or (not runs[p] and abs(len(other) - n) > 1):
-                runs[p] = edited[p] = 0  # the common case: nothing alike, nothing running
-            elif other == unit:
+            if p > have:
+                runs[p] = edited[p] = 0
+                continue
+            other = units[-p][0]
+            if other == unit:
                 runs[p] += 1
                 alive = True
-            elif other is not None and abs(len(other) - n) <= 1 and similar(unit, other):
+            elif fuzzy and -1 <= len(other) - n <= 1 and similar(unit, other):
                 runs[p] += 1
                 edited[p] += 1
                 alive = True
             else:
-                runs[p] = 0
-                edited[p] = 0
-        units.append((unit, start, len(piece), words_in(piece)))
+                runs[p] = edited[p] = 0
+        count = spaced if piece.isascii() else words_in(piece)
+        units.append((unit, start, len(piece), count))
         if not alive:
             return None
         best: tuple[int, int, int, int, int] | None = None
