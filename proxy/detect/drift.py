@@ -67,7 +67,6 @@ class LanguageDrift:
         self._runs = 0
         self._in_foreign = False
         self._first_onset = 0
-        self._opening = 0
         # Whether any identified segment was in another language than the reference: without
         # that, the end-of-stream judgement has nothing to find and is skipped.
         self.doubt = False
@@ -158,7 +157,6 @@ class LanguageDrift:
             self._runs += 1
             if self._runs == 1:
                 self._first_onset = self._seg_start
-                self._opening = self._seg_start
         self._streak += 1
         if self.expected is None:
             # No request language: the opening language is a guess and documents switch
@@ -167,7 +165,7 @@ class LanguageDrift:
             # gives way and holds two thirds of the text.
             if (
                 self._runs == 1
-                and self._opening <= OPENING_MAX
+                and self._first_onset <= OPENING_MAX
                 and code in fallback_languages(reference)
                 and self._off >= 2 * self._total / 3
                 and self._seen >= 2 * cfg.language_min_identified_chars
