@@ -194,3 +194,19 @@ def test_a_list_item_with_a_bracket_and_a_semicolon_is_prose() -> None:
     assert {u.code for u in identified_units(text)} == {"en"}
     verdict = stream(text, expected_language="nl").verdict
     assert verdict is not None and verdict.signal == "language-drift"
+
+
+def test_a_verdict_at_the_end_of_a_relayed_stream_is_recorded_as_observed() -> None:
+    """The relay cannot act on a verdict given when the choice has ended, but it records it,
+    so the detection reaches the metrics; the client's bytes are untouched."""
+    from proxy.relay import StreamGuard
+    from tests.test_relay import stream as sse_stream
+
+    whole = sse_stream([SHORT_DRIFT])
+    guard = StreamGuard(mode="enforce", n=1, make_detector=lambda: Detector(expected_language="it"))
+    assert guard.feed(whole) + guard.eof() == whole
+    [record] = guard.records(None)
+    assert record.detection_action == "observed"
+    assert record.summary is not None and record.summary.verdict is not None
+    assert record.summary.verdict.signal == "language-drift"
+    assert guard.outcome() == "completed"
