@@ -405,6 +405,8 @@ class StreamGuard:
             st = self.choices[index]
             summary = st.summary if st.summary is not None else st.detector.finish()
             st.summary = summary
+            if st.action is None and summary.verdict is not None:
+                st.action = "observed"  # judged when the choice ended: nothing left to stop
             out.append(
                 ChoiceRecord(
                     index=index,

@@ -103,6 +103,8 @@ class RewritePolicy:
     max_tokens_cap: int = 32768
     max_tokens_policy: str = "clamp"
     language: str = "off"
+    #: Without an injected language, expect the one the prompt is written in (``prompt``) or none.
+    expect_language: str = "prompt"
     sampling_defaults: Mapping[str, Mapping[str, Any]] | None = None
     request_usage: bool = True
 
@@ -113,6 +115,7 @@ class RewritePolicy:
             max_tokens_cap=settings.max_tokens_cap,
             max_tokens_policy=settings.max_tokens_policy,
             language=settings.language,
+            expect_language=settings.expect_language,
             sampling_defaults=settings.sampling_defaults,
             request_usage=settings.request_usage,
         )
@@ -178,7 +181,7 @@ def rewrite_request(
 
     _apply_sampling_defaults(out, model, policy.sampling_defaults)
     max_tokens, action, header = _limit_max_tokens(out, endpoint, policy)
-    expected, injected = _constrain_language(out, endpoint, policy.language)
+    expected, injected = _constrain_language(out, endpoint, policy.language, policy.expect_language)
 
     out["stream"] = True
     if usage_options and policy.request_usage:
@@ -402,14 +405,24 @@ def _limit_max_tokens(
 
 
 def _constrain_language(
-    body: dict[str, Any], endpoint: Endpoint, setting: str
+    body: dict[str, Any], endpoint: Endpoint, setting: str, expect: str = "prompt"
 ) -> tuple[str | None, str | None]:
     """Return (language the detector should expect, language whose instruction was injected).
 
     Completions get no instruction (their prompt is raw text we must not edit) but the detector
-    is still told the language.
+    is still told the language. With no instruction configured (``GUARD_LANGUAGE=off``) the
+    prompt's own language is still the best evidence of the language the answer should be in:
+    a model asked in Italian that answers in English has drifted, whether or not anyone asked
+    the guard to pin the language. So ``expect="prompt"`` tells the detector that language
+    without touching the request. Except English: a prompt in English that asks for an answer in
+    another language ("write it in Italian", "translate into French") is common, while models
+    drift *into* English, not out of it; a Chinese or Korean answer to an English prompt is
+    still caught by the script-intrusion signal, which needs no expected language.
     """
     if setting == "off":
+        if expect == "prompt":
+            code = _detect_prompt_language(body, endpoint)
+            return (None if code == "en" else code), None
         return None, None
     if setting == "auto":
         code = _detect_prompt_language(body, endpoint)

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from collections import deque
 from typing import Any
 
 from proxy.detect.diversity import compression_ratio, distinct_ratio, words_of
-from proxy.detect.drift import LanguageDrift
+from proxy.detect.drift import LanguageDrift, code_like
+from proxy.detect.ending import final_drift, final_flood, final_loop
 from proxy.detect.entropy import EntropyWindow, token_entropy
+from proxy.detect.lines import LineLoop
 from proxy.detect.repetition import (
     PeriodicTail,
     counts_down,
@@ -32,6 +35,8 @@ from proxy.detect.repetition import (
 )
 from proxy.detect.script import ScriptIntrusion
 from proxy.detect.types import DetectorConfig, Summary, Verdict
+
+_NUMBER = re.compile(r"\d+")
 
 
 class Detector:
@@ -81,6 +86,7 @@ class Detector:
         self._json_like: bool | None = None
         self._relax_value: float | None = None
         self._countdown = False
+        self._lines = LineLoop()
         self._script = ScriptIntrusion(cfg, self.expected_language)
         self._words: deque[str] = deque(maxlen=max(20, cfg.ngram_window_words))
         self._checks = 0
@@ -118,6 +124,8 @@ class Detector:
         """Evaluate what is left and return the per-choice summary."""
         if self._verdict is None and self._pending_chars:
             self._check(final=True)
+        if self._verdict is None and self._chars and self.config.end_judgement:
+            self._judge_end()
         return Summary(
             self._chars,
             self._tokens,
@@ -126,6 +134,40 @@ class Detector:
             self._entropy_min,
             self._verdict,
         )
+
+    def _judge_end(self) -> None:
+        """The stream has ended: judge what the streaming thresholds left open (see
+        :mod:`proxy.detect.ending`). Runs once per stream, on the kept window only."""
+        cfg = self.config
+        text = self._raw
+        base = self._raw_base
+        relaxed = self._relax() > 1.0
+        if cfg.repetition and not relaxed:
+            flood = final_flood(text)
+            if flood is not None:
+                self._fire("token-flood", flood.repeats, self._chars - flood.span)
+                return
+            loop = final_loop(text, cfg.repetition_min_span_chars)
+            if loop is not None:
+                self._fire("repetition", loop.repeats, self._chars - loop.span)
+                return
+            # The same with numbers normalised: a counter loop cut short by the token limit.
+            norm = self._norm
+            counter = final_loop(norm, cfg.repetition_min_span_chars)
+            if counter is not None:
+                onset = self._norm_to_raw(self._norm_total - counter.span)
+                slots = norm[len(norm) - counter.period :].count("0")
+                if not counts_down(self._raw[max(0, onset - self._raw_base) :], slots):
+                    self._fire("repetition", counter.repeats, onset)
+                    return
+        # The streaming identification saw every short answer whole and samples longer ones:
+        # when none of it was in doubt there is no drift for the sentence-level pass to find.
+        short = self._chars <= 8 * cfg.language_segment_chars
+        if cfg.language_drift and not self._json_like and (short or self._drift.doubt):
+            judged = base + max(0, len(text) - cfg.end_drift_chars)
+            found = final_drift(text[-cfg.end_drift_chars :], self.expected_language, offset=judged)
+            if found is not None:
+                self._fire("language-drift", found[0], judged + found[1])
 
     # -- evaluation ------------------------------------------------------------------------
 
@@ -194,6 +236,8 @@ class Detector:
         verdict = None
         if cfg.repetition:
             verdict = self._check_repetition()
+        if verdict is None and cfg.repetition and cfg.line_loop:
+            verdict = self._check_lines(new, final)
         # A countdown explains its own repetition (and ends by itself): the softer repetition
         # signals stay quiet while one is running.
         if (
@@ -247,6 +291,23 @@ class Detector:
                 return None
         self._countdown = False
         return None
+
+    def _check_lines(self, new: str, final: bool) -> Verdict | None:
+        found = self._lines.update(new, end=self._chars, final=final)
+        if found is None:
+            return None
+        cfg = self.config
+        copies, onset, span = found[0] / 100, found[1], found[2]
+        if copies < cfg.line_loop_min_repeats or span < cfg.line_loop_min_span_chars:
+            return None
+        region = self._raw[max(0, onset - self._raw_base) :]
+        if self._relax() > 1.0 or code_like(region):
+            return None  # code, tables and JSON repeat lines by design (exact loops still count)
+        slots = round(len(_NUMBER.findall(region)) / copies)
+        if counts_down(region, slots):
+            return None  # a countdown ends by itself (99 Bottles)
+        # Copies identical but for their numbers are a loop like any exact one.
+        return self._fire("near-repetition" if found[4] else "repetition", copies, onset)
 
     @staticmethod
     def _is_loop(tail: PeriodicTail, text: str, min_repeats: float, min_span: int) -> bool:

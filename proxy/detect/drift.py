@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from proxy.detect.ending import OPENING_MAX, fallback_languages
 from proxy.detect.script import scripts_of_language
 from proxy.detect.types import DetectorConfig
 
@@ -34,12 +35,12 @@ _LATIN_LETTER = re.compile(r"[A-Za-z]")
 _CODE_SYMBOLS = re.compile(r"[{}();=$<>\[\]]")
 
 
-def _code_like(text: str) -> bool:
+def code_like(text: str) -> bool:
     """Prose rarely has more than one brace, bracket, semicolon or sigil in 33 characters."""
     return len(_CODE_SYMBOLS.findall(text)) > 0.03 * len(text)
 
 
-def _same_language(a: str, b: str) -> bool:
+def same_language(a: str, b: str) -> bool:
     return a == b or b in _GROUP.get(a, ())
 
 
@@ -61,6 +62,14 @@ class LanguageDrift:
         self._off = 0.0
         self._streak = 0
         self._onset = 0
+        # Without an expected language: separate runs of foreign segments, and where the
+        # first began (a document that switches once and stays is translated, not drifting).
+        self._runs = 0
+        self._in_foreign = False
+        self._first_onset = 0
+        # Whether any identified segment was in another language than the reference: without
+        # that, the end-of-stream judgement has nothing to find and is skipped.
+        self.doubt = False
 
     def update(self, new: str, *, end: int, fences: int, final: bool) -> tuple[float, int] | None:
         """Take the text of one check (``end``: stream length after it; ``fences``: code fences
@@ -99,7 +108,7 @@ class LanguageDrift:
             return None
         clean = (
             ""  # source code: identifiers and keywords are not a language the answer drifts to
-            if _code_like(segment)
+            if code_like(segment)
             else strip_noise("```" + segment if self._seg_fenced else segment)
         )
         short = len(clean) < cfg.language_min_chars
@@ -114,11 +123,14 @@ class LanguageDrift:
         if found is None:
             return None
         code, confidence = found
+        if reference is not None and not same_language(reference, code):
+            self.doubt = True
         if reference is None:
             if confidence >= cfg.language_min_confidence:
                 self._established = code
                 self._non_latin = scripts_of_language(code) != ("Latin",)
                 self._total += len(clean)
+                self._seen += len(clean)
             return None
         # Every identified segment counts towards the total; only confident foreign ones count
         # as drift, so unsure segments weigh on the side of the expected language. Old text
@@ -127,8 +139,10 @@ class LanguageDrift:
         fade = 0.5 ** (len(clean) / max(1, cfg.language_half_life_chars))
         self._total = self._total * fade + len(clean)
         self._off *= fade
-        if _same_language(reference, code):
+        if same_language(reference, code):
             self._streak = 0
+            if confidence >= cfg.language_min_confidence:
+                self._in_foreign = False
             return None
         # Foreign text counts in proportion to the confidence (a mixed segment at a switch
         # point counts in part), but only a confident segment can fire.
@@ -138,7 +152,26 @@ class LanguageDrift:
             return None
         if self._streak == 0:
             self._onset = self._seg_start
+        if not self._in_foreign:
+            self._in_foreign = True
+            self._runs += 1
+            if self._runs == 1:
+                self._first_onset = self._seg_start
         self._streak += 1
+        if self.expected is None:
+            # No request language: the opening language is a guess and documents switch
+            # language legitimately, so only the shape drift has counts (see
+            # ``ending.final_drift``): a short opening, then one fallback language that never
+            # gives way and holds two thirds of the text.
+            if (
+                self._runs == 1
+                and self._first_onset <= OPENING_MAX
+                and code in fallback_languages(reference)
+                and self._off >= 2 * self._total / 3
+                and self._seen >= 2 * cfg.language_min_identified_chars
+            ):
+                return (confidence, self._first_onset)
+            return None
         if (
             self._streak >= cfg.language_sustain_segments
             and self._off >= cfg.language_min_share * self._total

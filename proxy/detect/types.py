@@ -39,6 +39,14 @@ class DetectorConfig:
     # Inside code fences, Markdown tables and JSON: copies and compression limits times this.
     structured_relax: float = 2.0
 
+    # Near-identical loop signal on/off (with repetition): lines or sentences that repeat with
+    # small edits (proxy/detect/lines.py).
+    line_loop: bool = True
+    # Copies of a block of near-identical units (lines, sentences) a loop needs.
+    line_loop_min_repeats: float = 4.0
+    # Characters such a loop must cover.
+    line_loop_min_span_chars: int = 240
+
     # Near-repetition signal on/off: repeated word-4-gram rate plus compression.
     ngram: bool = True
     # Recent words the n-gram and diversity signals look at.
@@ -90,6 +98,12 @@ class DetectorConfig:
     language_dense_chars: int = 512
     # After that, only every n-th segment is identified (fastText is the costliest step).
     language_sample_every: int = 2
+
+    # End-of-stream judgement on/off: drift, floods and loops in answers too short for the
+    # streaming thresholds, judged once when the stream ends (proxy/detect/ending.py).
+    end_judgement: bool = True
+    # Characters at the end of the answer the end-of-stream drift judgement reads.
+    end_drift_chars: int = 2048
 
     # Entropy-collapse signal on/off (needs top_logprobs from the upstream).
     entropy: bool = True

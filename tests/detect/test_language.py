@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from proxy.detect import DetectorConfig
+from proxy.detect import Detector, DetectorConfig
 from proxy.language import identify_language, model_path, strip_noise
 from tests.detect.conftest import stream
-from tests.detect.texts import CHINESE, ENGLISH, ITALIAN, PYTHON_CODE
+from tests.detect.texts import CHINESE, ENGLISH, ITALIAN, PYTHON_CODE, as_deltas
 
 LANGUAGE_ONLY = DetectorConfig(
     repetition=False,
@@ -50,9 +50,21 @@ def test_italian_drifting_into_english_fires() -> None:
 
 
 def test_drift_is_found_without_an_expected_language() -> None:
-    """The stream's own first language is the reference when the request named none."""
-    summary = stream(ITALIAN + ENGLISH * 2, LANGUAGE_ONLY)
+    """With no request language, a short opening (the prompt restated) followed by English to
+    the end is the shape of drift: the opening language is the reference."""
+    opening = ITALIAN[: ITALIAN.index(". ") + 2]
+    summary = stream(opening + ENGLISH * 2, LANGUAGE_ONLY)
     assert summary.verdict is not None and summary.verdict.signal == "language-drift"
+    assert len(opening) - 60 <= summary.verdict.onset_char <= len(opening) + 130
+
+
+def test_a_document_that_switches_language_for_good_passes_without_a_request_language() -> None:
+    """A long Italian page that goes on in English (a page translated in part) is not a model
+    asked for Italian answering in English: without a request language it passes, and so does
+    English turning into another language (an English heading over a localised page)."""
+    assert stream(ITALIAN + ENGLISH * 2, LANGUAGE_ONLY).verdict is None
+    assert stream(ENGLISH[:200] + ITALIAN * 2, LANGUAGE_ONLY).verdict is None
+    assert stream(ITALIAN + ENGLISH * 2, LANGUAGE_ONLY, expected_language="it").verdict
 
 
 def test_a_short_english_quote_in_a_long_italian_text_passes() -> None:
@@ -97,8 +109,6 @@ def test_chinese_drifting_into_english_fires() -> None:
 
 
 def test_expected_language_with_a_region_is_reduced_to_its_code() -> None:
-    from proxy.detect import Detector
-
     assert Detector(expected_language="pt-BR").expected_language == "pt"
     assert Detector(expected_language="zh_Hans").expected_language == "zh"
     assert Detector(expected_language="").expected_language is None
@@ -106,6 +116,9 @@ def test_expected_language_with_a_region_is_reduced_to_its_code() -> None:
 
 
 def test_one_short_foreign_segment_is_not_enough() -> None:
-    """Under 200 identified characters there is too little text to call drift."""
-    assert stream(ENGLISH[:160], LANGUAGE_ONLY, expected_language="it").verdict is None
+    """Under 100 identified foreign characters there is too little text to call drift, even at
+    the end of the stream; while streaming, 200 identified characters are needed."""
+    assert stream(ENGLISH[:90], LANGUAGE_ONLY, expected_language="it").verdict is None
     assert stream(ENGLISH[:400], LANGUAGE_ONLY, expected_language="it").verdict is not None
+    detector = Detector(LANGUAGE_ONLY, expected_language="it")
+    assert all(detector.feed(d) is None for d in as_deltas(ENGLISH[:160]))

@@ -1,0 +1,209 @@
+"""End-of-stream judgement: what the streaming thresholds cannot see in a short answer.
+
+The streaming signals need their evidence to hold over a span (hysteresis), which is right while
+text is still arriving — more may come that explains it — but leaves short answers unjudged: an
+answer that restates the question in Italian for 120 characters, goes on in English for 250 and
+ends never gives the drift signal enough identified text, and a flood in the last 80 characters
+never reaches the span a streaming loop needs. When the stream ends, nothing more can come, so
+the whole (bounded) text can be judged at once:
+
+* **drift at the end**: the answer is cut into sentence-sized units, each identified on its
+  own (a fixed-size segment straddling the switch is a mixture that identifies as nothing).
+  With an expected language, drift is foreign text that *ends* the answer (the model never came
+  back) and holds a third of the identified text, or foreign text that holds half of it. Without
+  one, a document may switch language for good (a page translated in part, an English heading
+  over a localised page), so only the shape of a drifted answer counts: a short opening (the
+  prompt restated), then, to the end, a language models fall back to, holding most of the text.
+  Quoted phrases are left out of a sentence's identification: they are mentioned, not written
+  in ("In German, the phrase «…» translates to …" is English).
+* **flood at the end**: a unit of a few characters repeated to the very end.
+* **loop at the end**: an exact periodic tail with fewer copies than a streaming loop needs but
+  enough to be no accident (three whole copies of a long unit that the answer ends in).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from proxy.detect.repetition import PeriodicTail, periodic_tail
+
+# Sentence-sized units: up to a sentence end (Latin and CJK punctuation) or a line break.
+_UNIT = re.compile(r"[^\n.!?。！？]*(?:[.!?。！？]+[\"”»」']*|\n+|$)")
+_QUOTED = re.compile(
+    r'"[^"]{1,160}"|“[^”]{1,160}”|„[^“”]{1,160}[“”]|«[^»]{1,160}»|「[^」]{1,160}」'
+)
+# Letters of scripts written without spaces carry about a word each, not a letter's worth.
+_WIDE = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+
+#: Identified weight (characters, wide ones x3) a unit needs before it is identified.
+UNIT_MIN = 24
+#: Confidence a unit needs to count as a language at all.
+UNIT_CONFIDENCE = 0.7
+#: Identified weight the foreign text must reach.
+FOREIGN_MIN = 100
+#: Without a request language: the longest opening (characters) that can still be a restated
+#: prompt before the answer falls back to another language.
+OPENING_MAX = 500
+
+
+def fallback_languages(reference: str) -> frozenset[str]:
+    """The languages a model drifts into from ``reference``: English, the language most of its
+    training text is in, and Chinese for the models trained on much of it (the drift users
+    report: Qwen #543, DeepSeek-V3 #1045). A text that moves *from* English into another
+    language is a localised document, not drift, so nothing counts from English."""
+    if reference == "en":
+        return frozenset()
+    return frozenset({"en"}) if reference in ("zh", "ja", "ko") else frozenset({"en", "zh"})
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """One identified unit: where it starts in the judged text, its weight and language."""
+
+    start: int
+    weight: int
+    code: str | None
+
+
+def _weight(clean: str) -> int:
+    return len(clean) + 2 * len(_WIDE.findall(clean))
+
+
+def _code_unit(text: str, code_like: Callable[[str], bool]) -> bool:
+    """Code, by the streaming signal's density rule, with at least three symbols: one bracket
+    and a semicolon make a 35-character list item look like code ("1) a laptop;")."""
+    return code_like(text) and sum(text.count(c) for c in "{}();=$<>[]") >= 3
+
+
+def words_in(unit: str) -> int:
+    """Words of a unit: space-separated ones, and for scripts written without spaces one per
+    two letters (a Chinese or Japanese word is one to three characters)."""
+    return len(unit.split()) + len(_WIDE.findall(unit)) // 2
+
+
+def identified_units(text: str) -> list[Unit]:
+    """Cut ``text`` into sentence-sized units (short ones merged forward) and identify each."""
+    from proxy.detect.drift import code_like
+    from proxy.language import classify, strip_noise
+
+    units: list[Unit] = []
+    start = 0
+    pending = ""
+    for match in _UNIT.finditer(text):
+        piece = match.group()
+        if not piece:
+            continue
+        if not pending:
+            start = match.start() + len(piece) - len(piece.lstrip())
+        pending += piece
+        clean = "" if _code_unit(pending, code_like) else strip_noise(pending)
+        weight = _weight(clean)
+        if weight < UNIT_MIN and match.end() < len(text):
+            if len(pending) > 600:
+                pending = ""  # markup or code with no prose in it: skip it
+            continue
+        pending = ""
+        if weight < UNIT_MIN // 2:
+            continue
+        # A phrase in quotes is mentioned, not written in: "In German, the phrase «…»
+        # translates to …" is an English sentence, whatever the quotation says.
+        # Without the quotation too little may be left to be sure of: then the whole unit.
+        found = None
+        if _QUOTED.search(piece_text := text[start : match.end()]):
+            unquoted = strip_noise(_QUOTED.sub(" ", piece_text))
+            if _weight(unquoted) >= UNIT_MIN:
+                found = classify(unquoted)
+        if found is None or found[1] < UNIT_CONFIDENCE:
+            found = classify(clean)
+        code = found[0] if found and found[1] >= UNIT_CONFIDENCE else None
+        units.append(Unit(start, weight, code))
+    return units
+
+
+def final_drift(text: str, expected: str | None, *, offset: int = 0) -> tuple[float, int] | None:
+    """(foreign share, onset offset in ``text``) when the finished ``text`` has drifted;
+    ``offset`` is how much of the stream came before ``text``."""
+    from proxy.detect.drift import same_language
+
+    units = identified_units(text)
+    known = [u for u in units if u.code is not None]
+    if not known:
+        return None
+    reference = expected
+    if reference is None:
+        # No request language: the opening is the best guess of what was asked.
+        reference = known[0].code
+    assert reference is not None
+    total = sum(u.weight for u in units)
+    foreign = [u for u in known if not same_language(reference, u.code or "")]
+    foreign_weight = sum(u.weight for u in foreign)
+    if foreign_weight < FOREIGN_MIN or total == 0:
+        return None
+    share = foreign_weight / total
+    # Runs of foreign units, separated by units in the reference language.
+    runs: list[list[Unit]] = []
+    previous_foreign = False
+    for unit in known:
+        is_foreign = not same_language(reference, unit.code or "")
+        if is_foreign and not previous_foreign:
+            runs.append([])
+        if is_foreign:
+            runs[-1].append(unit)
+        previous_foreign = is_foreign
+    ends_foreign = previous_foreign
+    if expected is None:
+        # No request language: a document may switch language for good (a page translated in
+        # part, an English heading over a localised page), so only the shape drift has counts:
+        # a short opening (the prompt restated) and then, to the end, one of the languages
+        # models fall back to, holding most of the text.
+        if (
+            len(runs) == 1
+            and ends_foreign
+            and offset + runs[0][0].start <= OPENING_MAX
+            and all(u.code in fallback_languages(reference) for u in runs[0])
+            and share >= 0.5
+        ):
+            return (share, runs[0][0].start)
+        return None
+    tail_weight = sum(u.weight for u in runs[-1]) if ends_foreign else 0
+    if ends_foreign and tail_weight >= FOREIGN_MIN and tail_weight >= total / 3:
+        return (share, runs[-1][0].start)
+    if share >= 0.5:
+        return (share, runs[0][0].start)
+    return None
+
+
+# Characters a table rule or a drawn line repeats: layout, not a flood.
+_LAYOUT = frozenset(" \t\n-=_*#~|.:+")
+
+
+def final_flood(text: str) -> PeriodicTail | None:
+    """A short unit (up to 8 characters, not a layout rule) repeated at least 12 times over at
+    least 40 characters at the very end."""
+    tail = periodic_tail(text[-512:])
+    if tail is None or tail.period > 8 or tail.repeats < 12 or tail.span < 40:
+        return None
+    unit = text[len(text) - tail.period :]
+    # A rule of dashes or a run of blank lines is layout; line after line of nothing but
+    # markup ("#", "---" a dozen times over) is not.
+    if all(ch in _LAYOUT for ch in unit) and not ("\n" in unit and unit.strip()):
+        return None
+    return tail
+
+
+def final_loop(text: str, min_span: int) -> PeriodicTail | None:
+    """An exact periodic tail of at least three whole copies whose unit holds four words or
+    more, covering ``min_span`` characters (wide ones x3): an answer that ends repeating
+    itself."""
+    tail = periodic_tail(text[-8192:])
+    if tail is None or tail.repeats < 3:
+        return None
+    # Characters of scripts written without spaces weigh as in the drift units (x3).
+    if _weight(text[len(text) - tail.span :]) < min_span:
+        return None
+    unit = text[len(text) - tail.period :]
+    if words_in(unit) < 4:
+        return None
+    return tail
