@@ -36,6 +36,15 @@ HEALTHY = (
     "that energy splits water molecules, releasing oxygen, and drives the synthesis of sugars "
     "from carbon dioxide in the Calvin cycle."
 )
+#: The same healthy answer for prompts written in Italian: calibrate expects an answer in the
+#: prompt's language, and an English answer to an Italian prompt is (rightly) language drift.
+HEALTHY_IT = (
+    "La fotosintesi è il processo con cui le piante verdi, le alghe e alcuni batteri "
+    "trasformano la luce in energia chimica. Nei cloroplasti la clorofilla assorbe soprattutto "
+    "la luce rossa e blu; quell'energia scinde le molecole d'acqua, libera ossigeno e alimenta "
+    "la sintesi degli zuccheri a partire dall'anidride carbonica nel ciclo di Calvin."
+)
+_ITALIAN_PROMPTS = {by_lang["it"] for by_lang in PROMPTS.values() if "it" in by_lang}
 
 
 class PenaltyFake(FakeVLLM):
@@ -44,8 +53,12 @@ class PenaltyFake(FakeVLLM):
     async def _completion(self, rec: Recorded, reader: Any, writer: Any, script: Script) -> bool:
         body = rec.json if isinstance(rec.json, dict) else {}
         looping = float(body.get("repetition_penalty", 1.0)) < 1.1
+        asked = " ".join(
+            str(m.get("content")) for m in body.get("messages", []) if isinstance(m, dict)
+        )
+        healthy = HEALTHY_IT if any(p in asked for p in _ITALIAN_PROMPTS) else HEALTHY
         script = Script(
-            texts=[LOOP if looping else HEALTHY],
+            texts=[LOOP if looping else healthy],
             finish_reason="length" if looping else "stop",
             model=MODEL,
             chunk_delay=0.002 if looping else 0.0,
@@ -229,7 +242,7 @@ def test_cli_prints_the_recommendation_and_exits_0(
 ) -> None:
     """The model comes from /v1/models when --model is not given."""
     code = main([
-        "calibrate", "--url", fake_upstream.url + "/v1", "--tasks", "list", "--languages", "de",
+        "calibrate", "--url", fake_upstream.url + "/v1", "--tasks", "list", "--languages", "en",
         "--repetition-penalty", "1.0,1.1", "--seeds", "1", "--max-tokens", "1500",
         "--output", str(tmp_path / "o"),
     ])  # fmt: skip
@@ -381,5 +394,6 @@ def test_a_server_error_stops_the_run_with_its_reason(tmp_path: Path) -> None:
         with pytest.raises(calibrate.CalibrateError, match="HTTP 500"):
             _run(fake.url, tmp_path / "a", seeds=1)
         fake.script = Script(texts=[HEALTHY], model=MODEL)
-        summary = _run(fake.url, tmp_path / "b", seeds=1, penalties=[1.0])
+        english = calibrate.builtin_prompts(["narrative", "qa"], ["en"])
+        summary = _run(fake.url, tmp_path / "b", seeds=1, penalties=[1.0], prompts=english)
         assert summary["models"][MODEL]["degenerate"] == 0

@@ -199,11 +199,13 @@ def test_a_list_item_with_a_bracket_and_a_semicolon_is_prose() -> None:
 def test_a_verdict_at_the_end_of_a_relayed_stream_is_recorded_as_observed() -> None:
     """The relay cannot act on a verdict given when the choice has ended, but it records it,
     so the detection reaches the metrics; the client's bytes are untouched."""
-    from proxy.relay import StreamGuard
+    from proxy.relay import GuardPolicy, StreamGuard
     from tests.test_relay import stream as sse_stream
 
     whole = sse_stream([SHORT_DRIFT])
-    guard = StreamGuard(mode="enforce", n=1, make_detector=lambda: Detector(expected_language="it"))
+    guard = StreamGuard(
+        GuardPolicy.create(mode="enforce"), lambda: Detector(expected_language="it")
+    )
     assert guard.feed(whole) + guard.eof() == whole
     [record] = guard.records(None)
     assert record.detection_action == "observed"
