@@ -12,6 +12,7 @@ generation running upstream.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -183,7 +184,7 @@ def fuzz_proxy(fake_upstream: FakeVLLM, proxy_server: Callable[..., str]) -> tup
 
 
 @settings(
-    max_examples=150,
+    max_examples=int(os.environ.get("GUARD_FUZZ_EXAMPLES", "150")),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

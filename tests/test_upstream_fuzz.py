@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 from dataclasses import dataclass
 
 from hypothesis import given, settings
@@ -145,7 +146,7 @@ async def exchange(case: Case) -> None:
             await server.all_closed()  # the client left no connection open
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=int(os.environ.get("GUARD_FUZZ_EXAMPLES", "120")), deadline=None)
 @given(CASES)
 def test_any_upstream_bytes_give_the_exact_body_or_a_failure_never_a_leak(case: Case) -> None:
     asyncio.run(exchange(case))
