@@ -114,13 +114,19 @@ def response_headers(
     raw: Iterable[tuple[bytes, bytes]], engine_url: str, *, keep_length: bool
 ) -> list[tuple[bytes, bytes]]:
     """An engine response's headers for the client: hop-by-hop and server-owned ones dropped,
-    an absolute ``Location``/``Content-Location`` naming the engine made relative (see
+    those the engine's ``Connection`` header names too (RFC 9110 §7.6.1: they were meant for
+    the proxy's hop, and the proxy's own server writes its own ``Connection``), an absolute
+    ``Location``/``Content-Location`` naming the engine made relative (see
     :func:`proxy.paths.relative_location`)."""
+    pairs = raw if isinstance(raw, list) else list(raw)
     skip = (upstream.HOP_BY_HOP - {"content-length"}) | _OWN_HEADERS
     if not keep_length:
         skip = skip | {"content-length"}
+    for k, v in pairs:
+        if k.lower() == b"connection":
+            skip = skip | {t.strip().lower() for t in v.decode("latin-1").split(",") if t.strip()}
     out = []
-    for k, v in raw:
+    for k, v in pairs:
         name = k.lower()
         if name.decode("latin-1") in skip:
             continue
