@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-from proxy import upstream
+from proxy import context, upstream
 from proxy.errors import GuardError, PayloadTooLarge
-from proxy.paths import relative_location
+from proxy.paths import error_format, relative_location
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -67,10 +67,19 @@ def scope_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
 
 
 async def send_error(
-    send: Send, error: GuardError, headers: Iterable[tuple[bytes, bytes]] = ()
+    send: Send,
+    error: GuardError,
+    headers: Iterable[tuple[bytes, bytes]] = (),
+    *,
+    path: str | None = None,
 ) -> None:
-    """The OpenAI-shaped error envelope as a complete response."""
-    body = error.to_json()
+    """The error as a complete response, in the envelope the clients of ``path`` read
+    (Anthropic's on ``/v1/messages``, OpenAI's elsewhere and when no path is given; see
+    :func:`proxy.paths.error_format`)."""
+    if path is not None and error_format(path) == "anthropic":
+        body = error.render("anthropic", context.request_id.get())
+    else:
+        body = error.to_json()
     await send(
         {
             "type": "http.response.start",

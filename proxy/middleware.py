@@ -80,9 +80,8 @@ class CanonicalPath:
             try:
                 path = canonical_path(raw)
             except PathError as exc:
-                await send_error(
-                    send, BadRequest(str(exc), code="invalid_path"), scope_headers(scope)
-                )
+                error = BadRequest(str(exc), code="invalid_path")
+                await send_error(send, error, scope_headers(scope), path=scope["path"])
                 return
             if path != scope["path"] or raw != path.encode():
                 scope["path"] = path
@@ -128,7 +127,7 @@ class Auth:
         key = _bearer(scope["headers"])
         if keys is not None and (key is None or not _match(key, keys)):
             error = Unauthorized("Invalid or missing API key.", code="invalid_api_key")
-            await send_error(send, error, scope_headers(scope))
+            await send_error(send, error, scope_headers(scope), path=path)
             return
         scope[MAY_OVERRIDE] = not self.override or (key is not None and _match(key, self.override))
         await self.app(scope, receive, send)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Final
 from urllib.parse import quote, unquote_to_bytes, urlsplit
 
+from proxy.errors import ErrorFormat
 from proxy.records import Endpoint
 
 #: Guarded routes (``POST``): the canonical path and the request surface it speaks.
@@ -49,6 +50,10 @@ UNGUARDED_GENERATING: Final[dict[str, str]] = {
     "/cohere/v2/chat": "Cohere v2 chat API",
     "/v1/systemone": "structured decisions (constrained generation)",
 }
+
+#: Routes whose clients are Anthropic SDKs: the Messages route and the engine routes under it
+#: (``/v1/messages/count_tokens``, relayed) get the proxy's errors in Anthropic's envelope.
+ANTHROPIC_ROUTE: Final = "/v1/messages"
 
 #: Characters left unescaped when the canonical path is written on the wire again (RFC 3986
 #: ``pchar`` minus nothing the engine's router could read as a separator after decoding).
@@ -91,6 +96,15 @@ def canonical_path(raw: bytes) -> str:
             continue
         out.append(segment)
     return "/" + "/".join(out)
+
+
+def error_format(path: str) -> ErrorFormat:
+    """The error envelope the clients of ``path`` (canonical) read: see :mod:`proxy.errors`."""
+    if path.startswith(ANTHROPIC_ROUTE) and (
+        len(path) == len(ANTHROPIC_ROUTE) or path[len(ANTHROPIC_ROUTE)] == "/"
+    ):
+        return "anthropic"
+    return "openai"
 
 
 def wire_path(path: str) -> str:
