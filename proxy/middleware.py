@@ -31,7 +31,14 @@ from proxy.asgi import (
     send_error,
 )
 from proxy.errors import BadRequest, Unauthorized
-from proxy.paths import METRICS_ROUTES, OWN_ROUTES, PathError, canonical_path, wire_path
+from proxy.paths import (
+    ENGINE_METRICS_ROUTE,
+    METRICS_ROUTES,
+    OWN_ROUTES,
+    PathError,
+    canonical_path,
+    wire_path,
+)
 
 #: A client's ``x-request-id`` is kept when it looks like an id, not like a payload.
 _SANE_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
@@ -91,7 +98,9 @@ class CanonicalPath:
 
 class Auth:
     """Bearer keys: GUARD_API_KEYS guard every route except ``/health`` and ``/ready``;
-    GUARD_PROTECT_METRICS puts ``/metrics*`` behind GUARD_API_KEYS or GUARD_METRICS_API_KEYS.
+    GUARD_PROTECT_METRICS puts ``/metrics``, ``/metrics/quality`` and the engine's
+    ``/metrics/engine`` (relayed) behind GUARD_API_KEYS or GUARD_METRICS_API_KEYS. Without it
+    ``/metrics/engine`` is a relayed route like any other (GUARD_API_KEYS only).
 
     Also decides whether this request may send ``x-guard-mode``: with GUARD_OVERRIDE_API_KEYS
     set, only those keys may (they are accepted as API keys too); unset, any accepted client
@@ -122,6 +131,8 @@ class Auth:
         path = scope["path"]
         if path in OWN_ROUTES:
             keys = self.metrics_keys if path in METRICS_ROUTES else None
+        elif path == ENGINE_METRICS_ROUTE and self.metrics_keys is not None:
+            keys = self.metrics_keys
         else:
             keys = self.keys or None
         key = _bearer(scope["headers"])

@@ -34,6 +34,10 @@ GUARDED: Final[dict[str, Endpoint]] = {
 OWN_ROUTES: Final = frozenset({"/health", "/ready", "/metrics", "/metrics/quality"})
 #: Own routes that GUARD_PROTECT_METRICS puts behind a key.
 METRICS_ROUTES: Final = frozenset({"/metrics", "/metrics/quality"})
+#: The engine's exposition, relayed (vLLM answers every path under ``/metrics``): the third
+#: scrape of the Kubernetes PodMonitor, the engine being on loopback. A scraper's key
+#: (GUARD_METRICS_API_KEYS) opens it like the proxy's own metrics, so one key reads all three.
+ENGINE_METRICS_ROUTE: Final = "/metrics/engine"
 
 #: Engine routes that generate text but are not guarded (vLLM 0.32's routers, checked in
 #: ``vllm/entrypoints/**/api_router.py``). GUARD_UNGUARDED_ROUTES decides: ``pass`` relays them
