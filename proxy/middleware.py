@@ -97,7 +97,8 @@ class CanonicalPath:
 
 
 class Auth:
-    """Bearer keys: GUARD_API_KEYS guard every route except ``/health`` and ``/ready``;
+    """Client keys (``Authorization: Bearer``, or ``x-api-key``): GUARD_API_KEYS guard every
+    route except ``/health`` and ``/ready``;
     GUARD_PROTECT_METRICS puts ``/metrics``, ``/metrics/quality`` and the engine's
     ``/metrics/engine`` (relayed) behind GUARD_API_KEYS or GUARD_METRICS_API_KEYS. Without it
     ``/metrics/engine`` is a relayed route like any other (GUARD_API_KEYS only).
@@ -135,7 +136,7 @@ class Auth:
             keys = self.metrics_keys
         else:
             keys = self.keys or None
-        key = _bearer(scope["headers"])
+        key = _client_key(scope["headers"])
         if keys is not None and (key is None or not _match(key, keys)):
             error = Unauthorized("Invalid or missing API key.", code="invalid_api_key")
             await send_error(send, error, scope_headers(scope), path=path)
@@ -144,12 +145,19 @@ class Auth:
         await self.app(scope, receive, send)
 
 
-def _bearer(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
+def _client_key(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
+    """The key the client sent: ``Authorization: Bearer <key>`` (OpenAI's SDKs), else
+    ``x-api-key: <key>`` (Anthropic's SDK sends its ``api_key`` only there, so without it an
+    Anthropic client could authenticate only through ``auth_token``)."""
+    api_key: bytes | None = None
     for name, value in headers:
         if name == b"authorization":
             scheme, _, key = value.partition(b" ")
-            return key.strip() if scheme.lower() == b"bearer" else None
-    return None
+            if scheme.lower() == b"bearer":
+                return key.strip()
+        elif name == b"x-api-key" and api_key is None:
+            api_key = value.strip()
+    return api_key
 
 
 def _match(key: bytes, keys: list[bytes]) -> bool:

@@ -146,9 +146,17 @@ def test_missing_or_wrong_key_is_an_authentication_error(
         _assert_anthropic(info.value, "authentication_error", "Invalid or missing API key.")
     with pytest.raises(anthropic.AuthenticationError):
         clients(base).messages.count_tokens(model="m", messages=USER)
-    ok = clients(base, auth_token="sk-right")
     fake_upstream.script = Script(texts=["Fine."])
-    assert ok.messages.create(model="m", messages=USER, max_tokens=10).content
+    for ok in (clients(base, auth_token="sk-right"), clients(base, api_key="sk-right")):
+        assert ok.messages.create(model="m", messages=USER, max_tokens=10).content
+    # Anthropic's documented header (its API reference, older SDKs, curl) is a key too; a
+    # bearer token, when there is one, is the key.
+    body = {"model": "m", "messages": USER, "max_tokens": 10}
+    r = httpx.post(base + "/v1/messages", json=body, headers={"x-api-key": "sk-right"})
+    assert r.status_code == 200 and r.json()["type"] == "message"
+    both = {"authorization": "Bearer sk-wrong", "x-api-key": "sk-right"}
+    r = httpx.post(base + "/v1/messages", json=body, headers=both)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
     # The OpenAI routes keep OpenAI's envelope.
     r = httpx.post(base + "/v1/chat/completions", json={})
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
