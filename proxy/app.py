@@ -67,7 +67,7 @@ class Dispatcher:
                 f"{path} is not guarded by this deployment (GUARD_UNGUARDED_ROUTES=reject).",
                 code="route_not_guarded",
             )
-            await send_error(send, error, scope_headers(scope))
+            await send_error(send, error, scope_headers(scope), path=path)
         else:
             await self.passthrough(scope, receive, send)
 

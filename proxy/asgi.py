@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-from proxy import upstream
+from proxy import context, upstream
 from proxy.errors import GuardError, PayloadTooLarge
-from proxy.paths import relative_location
+from proxy.paths import error_format, relative_location
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -67,10 +67,19 @@ def scope_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
 
 
 async def send_error(
-    send: Send, error: GuardError, headers: Iterable[tuple[bytes, bytes]] = ()
+    send: Send,
+    error: GuardError,
+    headers: Iterable[tuple[bytes, bytes]] = (),
+    *,
+    path: str | None = None,
 ) -> None:
-    """The OpenAI-shaped error envelope as a complete response."""
-    body = error.to_json()
+    """The error as a complete response, in the envelope the clients of ``path`` read
+    (Anthropic's on ``/v1/messages``, OpenAI's elsewhere and when no path is given; see
+    :func:`proxy.paths.error_format`)."""
+    if path is not None and error_format(path) == "anthropic":
+        body = error.render("anthropic", context.request_id.get())
+    else:
+        body = error.to_json()
     await send(
         {
             "type": "http.response.start",
@@ -114,13 +123,19 @@ def response_headers(
     raw: Iterable[tuple[bytes, bytes]], engine_url: str, *, keep_length: bool
 ) -> list[tuple[bytes, bytes]]:
     """An engine response's headers for the client: hop-by-hop and server-owned ones dropped,
-    an absolute ``Location``/``Content-Location`` naming the engine made relative (see
+    those the engine's ``Connection`` header names too (RFC 9110 §7.6.1: they were meant for
+    the proxy's hop, and the proxy's own server writes its own ``Connection``), an absolute
+    ``Location``/``Content-Location`` naming the engine made relative (see
     :func:`proxy.paths.relative_location`)."""
+    pairs = raw if isinstance(raw, list) else list(raw)
     skip = (upstream.HOP_BY_HOP - {"content-length"}) | _OWN_HEADERS
     if not keep_length:
         skip = skip | {"content-length"}
+    for k, v in pairs:
+        if k.lower() == b"connection":
+            skip = skip | {t.strip().lower() for t in v.decode("latin-1").split(",") if t.strip()}
     out = []
-    for k, v in raw:
+    for k, v in pairs:
         name = k.lower()
         if name.decode("latin-1") in skip:
             continue

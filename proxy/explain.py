@@ -76,8 +76,8 @@ SETTINGS_HELP: dict[str, str] = {
     "in GUARD_LOG_FORMAT.",
     "override_api_keys": "Keys allowed to send x-guard-mode (JSON list or comma-separated); "
     "empty: any client (when GUARD_ALLOW_CLIENT_OVERRIDE is on).",
-    "protect_metrics": "Require a key (GUARD_API_KEYS or GUARD_METRICS_API_KEYS) on /metrics "
-    "and /metrics/quality.",
+    "protect_metrics": "Require a key (GUARD_API_KEYS or GUARD_METRICS_API_KEYS) on /metrics, "
+    "/metrics/quality and the engine's /metrics/engine (relayed).",
     "metrics_api_keys": "Keys that may read the metrics (scrapers) when GUARD_PROTECT_METRICS "
     "is on; a JSON list or comma-separated.",
     "expect_language": "Expected answer language when GUARD_LANGUAGE injects none: prompt "

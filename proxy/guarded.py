@@ -36,6 +36,7 @@ from proxy.errors import (
     GuardError,
     UpstreamError,
     UpstreamFailure,
+    anthropic_error_object,
 )
 from proxy.paths import wire_path
 from proxy.records import Endpoint, GenerationRecord
@@ -43,6 +44,7 @@ from proxy.relay import GuardPolicy, Mode, StreamGuard
 from proxy.rewrite import Rewrite, rewrite_request
 from proxy.sse import DONE_EVENT, encode_data
 from proxy.state import Proxy
+from proxy.surfaces import messages
 from proxy.upstream_http import Response as UpstreamResponse
 from proxy.usage_options import names_usage_option
 
@@ -97,7 +99,7 @@ class Guarded:
             proxy.metrics.request_finished(route, 499, time.perf_counter() - started)
             return
         except GuardError as exc:
-            await send_error(send, exc, scope_headers(scope))
+            await send_error(send, exc, scope_headers(scope), path=route)
             proxy.metrics.request_finished(route, exc.status, time.perf_counter() - started)
             return
 
@@ -270,7 +272,7 @@ class _GuardedCall:
         self.status = error.status
         self.upstream_failed = True
         self.head_sent = True
-        await send_error(self.send, error, scope_headers(self.scope))
+        await send_error(self.send, error, scope_headers(self.scope), path=self.scope["path"])
 
     async def _start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.status = status
@@ -399,7 +401,12 @@ class _GuardedCall:
             err = guard.error
             code = err.get("code")
             status = code if isinstance(code, int) and 400 <= code < 600 else 502
-            body = orjson.dumps({"error": err})
+            if self.endpoint == "messages":
+                error = anthropic_error_object(err)
+                rid = self.scope.get(REQUEST_ID)
+                body = orjson.dumps({"type": "error", "error": error, "request_id": rid})
+            else:
+                body = orjson.dumps({"error": err})
         else:
             status = 200
             body = orjson.dumps(guard.response(trim=self.proxy.settings.trim_on_abort))
@@ -419,6 +426,8 @@ class _GuardedCall:
             guard = self.guard
             if guard is not None and self.rw.client_stream:
                 out = guard.upstream_failed(error)
+            elif self.endpoint == "messages":
+                out = messages.error_event(error)
             else:
                 out = encode_data(error.to_json()) + DONE_EVENT
             self.watch.seq += 1

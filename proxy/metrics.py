@@ -206,23 +206,26 @@ def multiprocess_enabled() -> bool:
 
 
 def prepare_multiprocess(workers: int) -> str | None:
-    """Call in the parent before starting ``workers`` > 1 worker processes.
+    """Call in the parent before the server starts its worker process(es).
 
-    Points ``PROMETHEUS_MULTIPROC_DIR`` at a directory (a fresh temporary one unless the operator
-    set it) and removes stale ``*.db`` files, which would otherwise add a previous run's counts to
-    this one. Workers inherit the environment and pick mmap values when they import
-    prometheus-client. Returns the directory, or ``None`` for a single worker.
+    With ``PROMETHEUS_MULTIPROC_DIR`` set by the operator, its stale ``*.db`` files are removed
+    whatever the number of workers: prometheus-client reads every file in the directory, so a
+    previous process's files (a container restarted on the same Kubernetes ``emptyDir``) would
+    add its counts to this run's and keep its gauges — streams "in flight" that died with it.
+    Unset, ``workers`` > 1 gets a fresh temporary directory (workers inherit the environment and
+    pick mmap values when they import prometheus-client) and one worker needs none. Returns the
+    directory in use, or ``None`` when there is none.
     """
-    if workers <= 1:
-        return None
     path = os.environ.get(MULTIPROC_ENV)
     if path:
         os.makedirs(path, exist_ok=True)
         for stale in glob.glob(os.path.join(path, "*.db")):
             os.remove(stale)
-    else:
+    elif workers > 1:
         path = tempfile.mkdtemp(prefix="coherence-guard-metrics-")
         os.environ[MULTIPROC_ENV] = path
+    else:
+        return None
     return path
 
 

@@ -31,7 +31,14 @@ from proxy.asgi import (
     send_error,
 )
 from proxy.errors import BadRequest, Unauthorized
-from proxy.paths import METRICS_ROUTES, OWN_ROUTES, PathError, canonical_path, wire_path
+from proxy.paths import (
+    ENGINE_METRICS_ROUTE,
+    METRICS_ROUTES,
+    OWN_ROUTES,
+    PathError,
+    canonical_path,
+    wire_path,
+)
 
 #: A client's ``x-request-id`` is kept when it looks like an id, not like a payload.
 _SANE_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
@@ -80,9 +87,8 @@ class CanonicalPath:
             try:
                 path = canonical_path(raw)
             except PathError as exc:
-                await send_error(
-                    send, BadRequest(str(exc), code="invalid_path"), scope_headers(scope)
-                )
+                error = BadRequest(str(exc), code="invalid_path")
+                await send_error(send, error, scope_headers(scope), path=scope["path"])
                 return
             if path != scope["path"] or raw != path.encode():
                 scope["path"] = path
@@ -91,8 +97,11 @@ class CanonicalPath:
 
 
 class Auth:
-    """Bearer keys: GUARD_API_KEYS guard every route except ``/health`` and ``/ready``;
-    GUARD_PROTECT_METRICS puts ``/metrics*`` behind GUARD_API_KEYS or GUARD_METRICS_API_KEYS.
+    """Client keys (``Authorization: Bearer``, or ``x-api-key``): GUARD_API_KEYS guard every
+    route except ``/health`` and ``/ready``;
+    GUARD_PROTECT_METRICS puts ``/metrics``, ``/metrics/quality`` and the engine's
+    ``/metrics/engine`` (relayed) behind GUARD_API_KEYS or GUARD_METRICS_API_KEYS. Without it
+    ``/metrics/engine`` is a relayed route like any other (GUARD_API_KEYS only).
 
     Also decides whether this request may send ``x-guard-mode``: with GUARD_OVERRIDE_API_KEYS
     set, only those keys may (they are accepted as API keys too); unset, any accepted client
@@ -123,23 +132,32 @@ class Auth:
         path = scope["path"]
         if path in OWN_ROUTES:
             keys = self.metrics_keys if path in METRICS_ROUTES else None
+        elif path == ENGINE_METRICS_ROUTE and self.metrics_keys is not None:
+            keys = self.metrics_keys
         else:
             keys = self.keys or None
-        key = _bearer(scope["headers"])
+        key = _client_key(scope["headers"])
         if keys is not None and (key is None or not _match(key, keys)):
             error = Unauthorized("Invalid or missing API key.", code="invalid_api_key")
-            await send_error(send, error, scope_headers(scope))
+            await send_error(send, error, scope_headers(scope), path=path)
             return
         scope[MAY_OVERRIDE] = not self.override or (key is not None and _match(key, self.override))
         await self.app(scope, receive, send)
 
 
-def _bearer(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
+def _client_key(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
+    """The key the client sent: ``Authorization: Bearer <key>`` (OpenAI's SDKs), else
+    ``x-api-key: <key>`` (Anthropic's SDK sends its ``api_key`` only there, so without it an
+    Anthropic client could authenticate only through ``auth_token``)."""
+    api_key: bytes | None = None
     for name, value in headers:
         if name == b"authorization":
             scheme, _, key = value.partition(b" ")
-            return key.strip() if scheme.lower() == b"bearer" else None
-    return None
+            if scheme.lower() == b"bearer":
+                return key.strip()
+        elif name == b"x-api-key" and api_key is None:
+            api_key = value.strip()
+    return api_key
 
 
 def _match(key: bytes, keys: list[bytes]) -> bool:

@@ -49,7 +49,7 @@ class Passthrough:
         except ClientGone:
             return
         except GuardError as exc:
-            await send_error(send, exc, extra)
+            await send_error(send, exc, extra, path=scope["path"])
             proxy.metrics.request_finished("passthrough", exc.status, time.perf_counter() - started)
             return
         target = wire_path(scope["path"])
@@ -74,7 +74,7 @@ class Passthrough:
                 err = upstream.translate(exc)
                 status = err.status
                 head_sent = True
-                await send_error(send, err, extra)
+                await send_error(send, err, extra, path=scope["path"])
                 return
             try:
                 status = resp.status_code
@@ -102,7 +102,7 @@ class Passthrough:
             nonlocal status
             if not head_sent:
                 status = 504
-                await send_error(send, deadline_error(), extra)
+                await send_error(send, deadline_error(), extra, path=scope["path"])
             else:
                 await send({"type": "http.response.body", "body": b""})
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Final
 from urllib.parse import quote, unquote_to_bytes, urlsplit
 
+from proxy.errors import ErrorFormat
 from proxy.records import Endpoint
 
 #: Guarded routes (``POST``): the canonical path and the request surface it speaks.
@@ -33,6 +34,10 @@ GUARDED: Final[dict[str, Endpoint]] = {
 OWN_ROUTES: Final = frozenset({"/health", "/ready", "/metrics", "/metrics/quality"})
 #: Own routes that GUARD_PROTECT_METRICS puts behind a key.
 METRICS_ROUTES: Final = frozenset({"/metrics", "/metrics/quality"})
+#: The engine's exposition, relayed (vLLM answers every path under ``/metrics``): the third
+#: scrape of the Kubernetes PodMonitor, the engine being on loopback. A scraper's key
+#: (GUARD_METRICS_API_KEYS) opens it like the proxy's own metrics, so one key reads all three.
+ENGINE_METRICS_ROUTE: Final = "/metrics/engine"
 
 #: Engine routes that generate text but are not guarded (vLLM 0.32's routers, checked in
 #: ``vllm/entrypoints/**/api_router.py``). GUARD_UNGUARDED_ROUTES decides: ``pass`` relays them
@@ -49,6 +54,10 @@ UNGUARDED_GENERATING: Final[dict[str, str]] = {
     "/cohere/v2/chat": "Cohere v2 chat API",
     "/v1/systemone": "structured decisions (constrained generation)",
 }
+
+#: Routes whose clients are Anthropic SDKs: the Messages route and the engine routes under it
+#: (``/v1/messages/count_tokens``, relayed) get the proxy's errors in Anthropic's envelope.
+ANTHROPIC_ROUTE: Final = "/v1/messages"
 
 #: Characters left unescaped when the canonical path is written on the wire again (RFC 3986
 #: ``pchar`` minus nothing the engine's router could read as a separator after decoding).
@@ -91,6 +100,15 @@ def canonical_path(raw: bytes) -> str:
             continue
         out.append(segment)
     return "/" + "/".join(out)
+
+
+def error_format(path: str) -> ErrorFormat:
+    """The error envelope the clients of ``path`` (canonical) read: see :mod:`proxy.errors`."""
+    if path.startswith(ANTHROPIC_ROUTE) and (
+        len(path) == len(ANTHROPIC_ROUTE) or path[len(ANTHROPIC_ROUTE)] == "/"
+    ):
+        return "anthropic"
+    return "openai"
 
 
 def wire_path(path: str) -> str:

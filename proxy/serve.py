@@ -115,8 +115,10 @@ def run(args: argparse.Namespace) -> int:
 
     from proxy.metrics import MULTIPROC_ENV, prepare_multiprocess
 
-    # Several workers share their counters through prometheus-client's multiprocess mode. A
-    # directory the proxy made itself holds nothing worth keeping once the server is gone.
+    # Several workers share their counters through prometheus-client's multiprocess mode; an
+    # operator's PROMETHEUS_MULTIPROC_DIR puts even one worker in it, so what a previous process
+    # left there is cleared first, whatever the number of workers. A directory the proxy made
+    # itself holds nothing worth keeping once the server is gone.
     own_dir = MULTIPROC_ENV not in os.environ
     metrics_dir = prepare_multiprocess(settings.workers)
     try:

@@ -59,6 +59,12 @@ SCRAPES = {
     "/metrics/engine": "vllm",
 }
 SECRET_VARS = ("GUARD_API_KEYS", "GUARD_UPSTREAM_API_KEY", "GUARD_METRICS_API_KEYS")
+SECRET = "coherence-guard-secrets"
+#: What a PodMonitor endpoint that needs a key must send: the Secret's scraper key.
+SCRAPER_AUTH = {"type": "Bearer", "credentials": {"name": SECRET, "key": "GUARD_METRICS_API_KEYS"}}
+#: The relayed engine path needs a key whatever GUARD_PROTECT_METRICS says (the Secret's
+#: GUARD_API_KEYS guards every relayed path); the proxy's own ones with GUARD_PROTECT_METRICS.
+ALWAYS_KEYED = frozenset({"/metrics/engine"})
 #: What the image sets (Dockerfile ENV) before the manifest's environment applies.
 IMAGE_ENV = {"PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp"}
 
@@ -206,7 +212,7 @@ def sidecar_problems(docs: list[Doc]) -> list[str]:
                 problems.append(f"ConfigMap {name} is referenced but not built")
             env.update(config.get(name, {}))
         elif "secretRef" in source:
-            if source["secretRef"].get("name") != "coherence-guard-secrets":
+            if source["secretRef"].get("name") != SECRET:
                 problems.append(f"unexpected Secret {source['secretRef']}")
             if source["secretRef"].get("optional", False):
                 problems.append("the Secret is optional: a pod without its keys would start")
@@ -298,6 +304,29 @@ def sidecar_problems(docs: list[Doc]) -> list[str]:
             scraped[endpoint.get("path", "/metrics")] = jobs[0] if jobs else None
         if scraped != SCRAPES:
             problems.append(f"PodMonitor scrapes {scraped}, want {SCRAPES}")
+        problems += _scrape_auth_problems(monitor, env)
+    return problems
+
+
+def _scrape_auth_problems(monitor: Doc, env: dict[str, str]) -> list[str]:
+    """Each endpoint the proxy answers only with a key sends the Secret's scraper key (a
+    Prometheus without it would get 401 and the dashboard would go blank), and a monitor that
+    sends that key runs against a proxy that accepts it (GUARD_METRICS_API_KEYS without
+    GUARD_PROTECT_METRICS=true is a configuration error: the pod would not start)."""
+    problems = []
+    protected = env.get("GUARD_PROTECT_METRICS", "false").lower() in ("true", "1", "yes", "on")
+    for endpoint in monitor["spec"].get("podMetricsEndpoints", []):
+        path = endpoint.get("path", "/metrics")
+        auth = endpoint.get("authorization")
+        if auth is not None:
+            auth = {"type": "Bearer", **auth}  # prometheus-operator's default type
+        if (path in ALWAYS_KEYED or protected) and auth != SCRAPER_AUTH:
+            problems.append(f"PodMonitor endpoint {path} sends {auth}, not {SCRAPER_AUTH}")
+        if auth == SCRAPER_AUTH and not protected:
+            problems.append(
+                f"PodMonitor endpoint {path} sends GUARD_METRICS_API_KEYS, which the proxy "
+                "refuses without GUARD_PROTECT_METRICS=true"
+            )
     return problems
 
 
@@ -454,6 +483,9 @@ SCHEMA_TYPOS = [
     (MONITOR, "podMetricsEndpoints:", "podMetricEndpoints:"),
     (MONITOR, "quality\n      interval: 15s", "quality\n      interval: 15 s"),
     (MONITOR, "replacement: proxy-infra", "replacment: proxy-infra"),
+    (MONITOR, "/metrics\n      interval: 15s\n      authorization:\n        type: Bearer\n"
+     "        credentials:", "/metrics\n      interval: 15s\n      authorization:\n"
+     "        type: Bearer\n        credential:"),
 ]  # fmt: skip
 
 
@@ -465,6 +497,10 @@ def test_a_schema_typo_fails_validation(
     assert schema_errors(docs, K8S_VERSIONS[-1]) != []
 
 
+SCRAPER_YAML = (
+    "      authorization:\n        type: Bearer\n        credentials:\n"
+    f"          name: {SECRET}\n          key: GUARD_METRICS_API_KEYS\n"
+)
 SIDECAR_MISTAKES = [
     ("base/service.yaml", "targetPort: guard-http", "targetPort: guard-htp"),
     ("base/vllm.yaml", "- 127.0.0.1", "- 0.0.0.0"),
@@ -477,6 +513,11 @@ SIDECAR_MISTAKES = [
      "name: coherence-guard-secrets\n                optional: true"),
     (MONITOR, "replacement: proxy-quality", "replacement: proxy"),
     (MONITOR, 'coherence-guard.io/sidecar: "true"', 'coherence-guard.io/sidecar: "yes"'),
+    (MONITOR, "engine\n      interval: 15s\n" + SCRAPER_YAML, "engine\n      interval: 15s\n"),
+    (MONITOR, "quality\n      interval: 15s\n" + SCRAPER_YAML,
+     "quality\n      interval: 15s\n" + SCRAPER_YAML.replace("_METRICS_API", "_API")),
+    ("components/coherence-guard/configmap.yaml", 'GUARD_PROTECT_METRICS: "true"',
+     'GUARD_PROTECT_METRICS: "false"'),
 ]  # fmt: skip
 
 
@@ -569,6 +610,8 @@ def pod_session() -> dict[str, Any]:
     env = dict(os.environ)
     base = f"http://127.0.0.1:{env['GUARD_PORT']}"
     key = json.loads(env["GUARD_API_KEYS"])[0]
+    # What the PodMonitor sends: the Secret's value, verbatim, as a bearer token.
+    scraper = {"authorization": f"Bearer {env['GUARD_METRICS_API_KEYS']}"}
     out: dict[str, Any] = {}
     with FakeVLLM(port=8000) as engine:
         proxy = subprocess.Popen(
@@ -593,10 +636,19 @@ def pod_session() -> dict[str, Any]:
                 out["engine_saw"] = len(engine.guarded_requests())
                 # Fresh connections, so that different workers answer the scrapes.
                 out["scraped"] = [
-                    sum(float(v) for v in _GENERATIONS.findall(httpx.get(base + path).text))
+                    sum(
+                        float(v)
+                        for v in _GENERATIONS.findall(httpx.get(base + path, headers=scraper).text)
+                    )
                     for path in ["/metrics/quality"] * 8
                 ]
-                out["infra"] = httpx.get(base + "/metrics").status_code
+                out["infra"] = httpx.get(base + "/metrics", headers=scraper).status_code
+                # Each scrape path refuses a scraper without the key; the engine's is relayed
+                # with it (the fake engine has no exposition: its 404, not the proxy's 401).
+                out["unkeyed"] = [httpx.get(base + path).status_code for path in SCRAPES]
+                out["engine_metrics"] = httpx.get(
+                    base + "/metrics/engine", headers=scraper
+                ).status_code
                 out["alive"] = alive()
         finally:
             proxy.terminate()
@@ -609,7 +661,9 @@ def run_pod(docs: list[Doc], *, drop_mount: str | None = None) -> dict[str, Any]
     its environment (the Secret holding one key), uid, read-only root and emptyDir mounts
     (less ``drop_mount``), in a network namespace of its own (bubblewrap)."""
     bwrap = require("bwrap", "apt-get install -y bubblewrap")
-    pod, env = _container_env(docs, {"GUARD_API_KEYS": '["k8s-key"]'})
+    pod, env = _container_env(
+        docs, {"GUARD_API_KEYS": '["k8s-key"]', "GUARD_METRICS_API_KEYS": "k8s-scraper-key"}
+    )
     proxy = _container(pod, PROXY)
     assert proxy is not None
     empty_dirs = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
@@ -635,7 +689,9 @@ def test_the_proxy_runs_read_only_as_the_manifest_declares(base: list[Doc]) -> N
     container's environment and nothing else (ports 8080 and 127.0.0.1:8000 as declared, in a
     network namespace of its own), as uid 10001, on a read-only root where only the
     manifest's emptyDir mounts are writable. Probes answer, the Secret's key guards the API,
-    and with the ConfigMap's two workers every scrape counts every generation."""
+    its scraper key (sent as the PodMonitor sends it) opens the three metric paths, which
+    refuse a scrape without it, and with the ConfigMap's two workers every scrape counts every
+    generation."""
     env = _container_env(base, {})[1]
     assert int(env["GUARD_WORKERS"]) > 1 and env["GUARD_UPSTREAM_URL"] == ENGINE_URL
     seen = run_pod(base)
@@ -648,6 +704,8 @@ def test_the_proxy_runs_read_only_as_the_manifest_declares(base: list[Doc]) -> N
         "engine_saw": 10,
         "scraped": [10.0] * 8,
         "infra": 200,
+        "unkeyed": [401, 401, 401],
+        "engine_metrics": 404,
         "alive": True,
     }, log
     assert "Read-only file system" not in log and "Traceback" not in log, log

@@ -440,6 +440,18 @@ def test_prepare_multiprocess_single_worker_is_a_no_op(monkeypatch: pytest.Monke
     assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
 
 
+def test_prepare_multiprocess_clears_the_operators_directory_for_one_worker_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One worker in the operator's PROMETHEUS_MULTIPROC_DIR still reads every file there, so a
+    previous process's files go; other files in the directory are not the proxy's to remove."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    (tmp_path / "gauge_livesum_999999.db").write_bytes(b"stale")
+    (tmp_path / "README").write_text("kept")
+    assert prepare_multiprocess(workers=1) == str(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README"]
+
+
 def test_prepare_multiprocess_makes_a_directory(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     path = prepare_multiprocess(workers=2)

@@ -15,6 +15,7 @@ from proxy.app import create_app
 from proxy.asgi import Message, Receive, Scope, Send
 from proxy.settings import ConfigError, load_settings
 from tests.conftest import ProxyServer
+from tests.exposition_server import serve_exposition
 from tests.fakes.vllm import FakeVLLM, Script
 
 ProxyFactory = Callable[..., str]
@@ -210,6 +211,31 @@ def test_unprotected_metrics_are_open_even_with_api_keys(
 ) -> None:
     base = proxy_server(api_keys=["api"])
     assert httpx.get(base + "/metrics").status_code == 200
+
+
+def test_the_engines_metrics_path_takes_the_scrapers_key(proxy_server: ProxyFactory) -> None:
+    """``/metrics/engine`` (the engine's exposition relayed: the PodMonitor's third endpoint)
+    is opened by a GUARD_METRICS_API_KEYS key like the proxy's own metrics, so one scraper key
+    reads all three; that key opens no other relayed path. With GUARD_PROTECT_METRICS and no
+    GUARD_API_KEYS the engine's metrics are behind the scraper's key too."""
+    routes: dict[str, str | int] = {"/metrics/engine": "vllm:up 1\n", "/metrics/other": "x 1\n"}
+    with serve_exposition(routes) as engine:
+        for api_keys in (["api"], []):
+            base = proxy_server(
+                upstream_url=engine.url,
+                api_keys=api_keys,
+                metrics_api_keys=["scraper"],
+                protect_metrics=True,
+            )
+            for path in ("/metrics/engine", "//metrics/engine/"):
+                assert httpx.get(base + path).status_code == 401
+                bad = httpx.get(base + path, headers={"authorization": "Bearer x"})
+                assert bad.status_code == 401
+                for key in ("scraper", *api_keys):
+                    r = httpx.get(base + path, headers={"authorization": f"Bearer {key}"})
+                    assert (r.status_code, r.text) == (200, "vllm:up 1\n"), (path, key)
+            other = httpx.get(base + "/metrics/other", headers={"authorization": "Bearer scraper"})
+            assert other.status_code == (401 if api_keys else 200)
 
 
 def test_protect_metrics_without_any_key_is_a_config_error(fake_upstream: FakeVLLM) -> None:

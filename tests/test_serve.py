@@ -400,3 +400,44 @@ def test_access_log_asked_for_is_written_at_warning_level(
         _stop(proc, err)
     others = [line for line in err.lines if " INFO " in line and "uvicorn.access" not in line]
     assert others == []
+
+
+_DEAD_WORKER = """
+from proxy.metrics import Metrics, multiprocess_enabled
+assert multiprocess_enabled()
+m = Metrics()
+m.stream_opened()
+m.request_finished("/v1/chat/completions", 200, 0.1)
+"""
+
+
+def test_serve_with_one_worker_clears_a_previous_process_metrics_files(
+    fake_upstream: FakeVLLM, tmp_path: Path
+) -> None:
+    """PROMETHEUS_MULTIPROC_DIR set by the operator (the Kubernetes manifests do, on an
+    emptyDir that outlives a container restart) and one worker: what a dead process left
+    there (a stream still open, a request counted) is not what the new process reports."""
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    env = _env(PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
+    # A previous process that recorded and then died without any clean-up.
+    subprocess.run([sys.executable, "-c", _DEAD_WORKER], env=env, check=True)
+    assert list(metrics_dir.glob("*.db"))
+    port = free_port()
+    proc = _serve(
+        ["--port", str(port), "--upstream", fake_upstream.url, "--workers", "1"],
+        tmp_path,
+        PROMETHEUS_MULTIPROC_DIR=str(metrics_dir),
+        GUARD_UPSTREAM_CHECK_INTERVAL="0",
+    )
+    err = _Stderr(proc)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_healthy(base + "/health", timeout=30, alive=lambda: proc.poll() is None)
+        body = httpx.get(base + "/metrics").text
+    finally:
+        _stop(proc, err)
+    assert "guard_proxy_streams_in_flight 0.0" in body.splitlines()
+    assert 'route="/v1/chat/completions"' not in body
+    # The operator's directory is kept (only one the proxy made itself is removed).
+    assert metrics_dir.is_dir()

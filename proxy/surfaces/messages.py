@@ -194,18 +194,18 @@ class _Messages:
         return b"".join(out)
 
     def failure(self, guard: StreamGuard, error: GuardError) -> bytes:
-        err = error.to_dict()["error"]
-        return encode(
-            {
-                "type": "error",
-                "error": {"type": "api_error", "message": err.get("message")},
-            }
-        )
+        return error_event(error)
 
     def response(self, guard: StreamGuard, trim: bool) -> dict[str, Any]:
         from proxy.reassemble import messages_response
 
         return messages_response(guard, trim=trim)
+
+
+def error_event(error: GuardError) -> bytes:
+    """``event: error`` with Anthropic's envelope: how the Messages API ends a stream that
+    failed after its 200 (the SDK raises it as an ``APIStatusError`` of that type)."""
+    return encode(error.to_anthropic())
 
 
 def abort_delta(guard: StreamGuard, state: BlockState, verdict: Verdict) -> dict[str, Any]:
