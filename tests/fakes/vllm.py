@@ -151,7 +151,10 @@ class FakeVLLM:
         def drop() -> None:
             for w in list(self._writers):
                 w.transport.abort()
-            done.set()
+            # abort() closes the socket in a callback it schedules: signal after it has run, so
+            # the caller never races a connection that is still open.
+            assert self._loop is not None
+            self._loop.call_soon(done.set)
 
         self._loop.call_soon_threadsafe(drop)
         done.wait(5)
