@@ -194,6 +194,9 @@ class StreamGuard:
         if not isinstance(self.surface, _ChatSurface):
             self._event = MethodType(_surface_event, self)  # type: ignore[method-assign]
         self.parser = SSEParser(policy.max_event_bytes)
+        #: Chat and completions streamed to the client take :meth:`_text_event` for plain text
+        #: chunks (a non-streamed answer keeps every piece, so it always parses).
+        self._fast = isinstance(self.surface, _ChatSurface) and not policy.collect
         self.choices: dict[int, BlockState] = {}
         self.done = False
         #: The stream's terminal event arrived (``[DONE]``, ``response.completed``, ...).
@@ -217,6 +220,12 @@ class StreamGuard:
         """Bytes to send the client for this upstream read (possibly empty)."""
         if self.done:
             return b""
+        if self._fast and not self.parser.pending:
+            tc = chunks.text_chunk(data)
+            if tc is not None:
+                fast = self._text_event(data, tc)
+                if fast is not None:
+                    return fast
         events = self.parser.feed(data)
         if not events:
             return b""
@@ -298,19 +307,13 @@ class StreamGuard:
                 state.chars += len(text)
             if self.policy.collect:
                 self._collect_extra(state, choice)
-            if verdict is not None and state.verdict is None:
-                state.verdict = verdict
-                state.trigger_text = text
-                if self.mode == "enforce":
-                    state.action = "aborted"
-                    chunks.mark_aborted(
-                        choice, verdict, self.policy.abort_finish_reason, state.tokens
-                    )
-                    self._end(state, self.policy.abort_finish_reason, choice["stop_reason"])
-                    self.aborted = True
-                    modified = True
-                    continue
-                state.action = "observed"
+            if (
+                verdict is not None
+                and state.verdict is None
+                and self._on_verdict(state, choice, verdict, text)
+            ):
+                modified = True
+                continue
             finish = choice.get("finish_reason")
             if finish is not None:
                 self._end(state, str(finish), choice.get("stop_reason"))
@@ -335,6 +338,62 @@ class StreamGuard:
         else:
             return raw if not self.aborted else self._maybe_finish(raw)
         return self._maybe_finish(out)
+
+    def _on_verdict(
+        self, state: BlockState, choice: dict[str, Any], verdict: Verdict, text: str
+    ) -> bool:
+        """Record the block's first verdict; in ``enforce`` end ``choice`` (returns True: the
+        chunk changed)."""
+        state.verdict = verdict
+        state.trigger_text = text
+        if self.mode == "enforce":
+            state.action = "aborted"
+            chunks.mark_aborted(choice, verdict, self.policy.abort_finish_reason, state.tokens)
+            self._end(state, self.policy.abort_finish_reason, choice["stop_reason"])
+            self.aborted = True
+            return True
+        state.action = "observed"
+        return False
+
+    def _text_event(self, read: bytes, tc: chunks.TextChunk) -> bytes | None:
+        """:meth:`_event` for one read that is exactly one plain text chunk (see
+        :func:`proxy.chunks.text_chunk`), without parsing its JSON; the same state changes and
+        the same client bytes. ``None`` before touching any state when the general path must
+        decide (the first chunk, which becomes the template; a new or ended choice)."""
+        if self.template is None:
+            return None
+        state = self.choices.get(tc.index)
+        if state is None or state.ended:
+            return None
+        text = tc.text
+        usage = tc.usage
+        if usage is not None:
+            self.usage = usage
+            self.prompt_tokens = usage["prompt_tokens"]
+            ct = usage["completion_tokens"]
+            tokens = ct - state.tokens if ct >= state.tokens else 1
+        else:
+            tokens = 1 if text else 0
+        state.tokens += tokens
+        if text:
+            self.first_content = True
+            verdict = state.detector.feed(text, tokens=tokens, logprobs=None)
+            state.chars += len(text)
+            if verdict is not None and state.verdict is None:
+                chunk = orjson.loads(read[6:-2])
+                choice = chunk["choices"][0]
+                if self._on_verdict(state, choice, verdict, text):
+                    if self.policy.strip_chunk_usage:
+                        if self.policy.usage_null:
+                            chunk["usage"] = None
+                        else:
+                            chunk.pop("usage", None)
+                    return self._maybe_finish(encode_data(orjson.dumps(chunk)))
+        if usage is not None and self.policy.strip_chunk_usage:
+            cut = tc.usage_at
+            out = read[:cut] + (b',"usage":null}\n\n' if self.policy.usage_null else b"}\n\n")
+            return self._maybe_finish(out)
+        return read if not self.aborted else self._maybe_finish(read)
 
     def _note_usage(self, usage: dict[str, Any]) -> None:
         self.usage = usage
