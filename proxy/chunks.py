@@ -156,14 +156,66 @@ def choice_pieces(choice: dict[str, Any]) -> list[Piece]:
     return pieces
 
 
-def logprobs_content(choice: dict[str, Any]) -> list[Any] | None:
-    """The chat ``logprobs.content`` list of a choice, when the upstream sent logprobs."""
-    lp = choice.get("logprobs")
-    if isinstance(lp, dict):
-        content = lp.get("content")
-        if isinstance(content, list):
-            return content
-    return None
+def logprobs_entries(lp: Any) -> list[Any] | None:
+    """A choice's ``logprobs`` value as chat ``logprobs.content`` entries (``{"logprob": x,
+    "top_logprobs": [{"logprob": y}, ...]}``), the shape the detector reads: chat's list as it
+    is, the completions columns (``token_logprobs``, ``top_logprobs`` dicts) turned into it."""
+    if not isinstance(lp, dict):
+        return None
+    content = lp.get("content")
+    if isinstance(content, list):
+        return content
+    chosen = lp.get("token_logprobs")
+    if not isinstance(chosen, list):
+        return None
+    tops = lp.get("top_logprobs")
+    if not isinstance(tops, list) or len(tops) != len(chosen):
+        tops = [None] * len(chosen)
+    return [
+        {
+            "logprob": value,
+            "top_logprobs": [{"logprob": v} for v in top.values()] if isinstance(top, dict) else [],
+        }
+        for value, top in zip(chosen, tops, strict=True)
+    ]
+
+
+# What may follow ``"logprobs":{`` up to its closing brace: strings (escapes included) are
+# skipped whole, so a brace inside a token's text does not count.
+_LP_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}]', re.DOTALL)
+
+
+def null_logprobs(data: bytes) -> bytes | None:
+    """``data`` (one chunk's JSON) with every ``"logprobs":{...}`` value cut to ``null`` — the
+    bytes the engine writes when no logprobs were asked for — or ``None`` when the braces do not
+    balance (the caller then re-serialises). A key is ``"logprobs"`` only outside strings: in a
+    string its quotes would be escaped, and completions' ``"token_logprobs"`` and the entries'
+    ``"top_logprobs"`` do not end in the five bytes ``"logprobs":{``."""
+    out: list[bytes] = []
+    pos = 0
+    key = b'"logprobs":{'
+    while (at := data.find(key, pos)) >= 0:
+        start = at + len(key) - 1
+        depth = 0
+        end = -1
+        for m in _LP_TOKENS.finditer(data, start):
+            tok = m[0]
+            if tok == b"{":
+                depth += 1
+            elif tok == b"}":
+                depth -= 1
+                if depth == 0:
+                    end = m.end()
+                    break
+        if end < 0:
+            return None
+        out.append(data[pos:start])
+        out.append(b"null")
+        pos = end
+    if not out:
+        return data
+    out.append(data[pos:])
+    return b"".join(out)
 
 
 def guard_object(

@@ -71,6 +71,9 @@ class GuardPolicy:
     map_engine_repetition: bool = True
     #: GUARD_MAX_EVENT_BYTES: one SSE event larger than this ends the stream with an error.
     max_event_bytes: int = MAX_EVENT_BYTES
+    #: The proxy asked for logprobs the client did not: fed to the detector, then each choice's
+    #: ``logprobs`` is written ``null``, as the engine writes it when nobody asks.
+    strip_logprobs: bool = False
 
     @classmethod
     def create(
@@ -86,6 +89,7 @@ class GuardPolicy:
         collect: bool = False,
         usage_null: bool = False,
         max_event_bytes: int = MAX_EVENT_BYTES,
+        strip_logprobs: bool = False,
     ) -> GuardPolicy:
         """The policy with its derived fields filled in."""
         return cls(
@@ -100,6 +104,7 @@ class GuardPolicy:
             usage_null=usage_null,
             map_engine_repetition=mode != "off" and abort_finish_reason != ENGINE_REPETITION,
             max_event_bytes=max_event_bytes,
+            strip_logprobs=strip_logprobs,
         )
 
     @classmethod
@@ -128,6 +133,7 @@ class GuardPolicy:
             collect=not rw.client_stream,
             usage_null=endpoint == "completions",
             max_event_bytes=max_event_bytes,
+            strip_logprobs=rw.injected_logprobs,
         )
 
 
@@ -272,6 +278,7 @@ class StreamGuard:
             self.template = chunk
 
         modified = False
+        stripped = False
         drop: list[dict[str, Any]] = []
         single = len(choices) == 1
         for choice in choices:
@@ -302,7 +309,7 @@ class StreamGuard:
                 verdict = state.detector.feed(
                     text,
                     tokens=tokens,
-                    logprobs=None if lp is None else chunks.logprobs_content(choice),
+                    logprobs=None if lp is None else chunks.logprobs_entries(lp),
                 )
                 state.chars += len(text)
             if self.policy.collect:
@@ -321,6 +328,11 @@ class StreamGuard:
                     choice["finish_reason"] = self.policy.abort_finish_reason
                     modified = True
 
+        if self.policy.strip_logprobs:
+            for choice in choices:
+                if type(choice) is dict and choice.get("logprobs") is not None:
+                    choice["logprobs"] = None
+                    stripped = True
         if drop:
             chunk["choices"] = [c for c in choices if not any(c is d for d in drop)]
             modified = True
@@ -333,6 +345,13 @@ class StreamGuard:
                 else:
                     chunk.pop("usage", None)
             out = encode_data(orjson.dumps(chunk))
+        elif stripped:
+            nulled = chunks.null_logprobs(data)
+            if nulled is None:
+                nulled = orjson.dumps(chunk)  # a layout the byte cut does not know
+            if usage is not None and self.policy.strip_chunk_usage:
+                nulled = chunks.strip_usage(nulled, chunk, null=self.policy.usage_null)
+            out = encode_data(nulled)
         elif usage is not None and self.policy.strip_chunk_usage:
             out = encode_data(chunks.strip_usage(data, chunk, null=self.policy.usage_null))
         else:
@@ -499,7 +518,7 @@ class StreamGuard:
                     fn = call.get("function")
                     if isinstance(fn, dict) and fn.get("name"):
                         slot["name"] = fn["name"]
-        lp = choice.get("logprobs")
+        lp = None if self.policy.strip_logprobs else choice.get("logprobs")
         if isinstance(lp, dict):
             content = lp.get("content")
             if isinstance(content, list):
