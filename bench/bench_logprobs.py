@@ -168,20 +168,24 @@ async def main() -> None:
     seen: dict[str, dict[str, Any]] = {}
     for row in answers:
         seen.setdefault(row["prompt"], row)  # greedy: one answer per prompt
+    if args.json:
+        _write(args.json, list(seen.values()))
+    separation(list(seen.values()), args.window)
+
+
+def separation(rows: list[dict[str, Any]], window: int) -> None:
+    """Label each answer by the detector's text signals and print how well the highest mean
+    chosen-token logprob over ``window`` tokens tells loops from healthy answers."""
     pos: list[float] = []
     neg: list[float] = []
-    for row in seen.values():
-        verdict = score_text(row["text"]).verdict
-        row["label"] = (
-            "loop"
-            if verdict is not None and verdict.signal in LOOP_SIGNALS
-            else ("healthy" if verdict is None else "other")
-        )
-        row["stat"] = max_window_mean(row["logprobs"], args.window)
-        if row["stat"] is None or row["label"] == "other":
+    for row in rows:
+        signal = score_text(row["text"]).signal
+        label = "loop" if signal in LOOP_SIGNALS else ("healthy" if signal is None else "other")
+        stat = max_window_mean(row["logprobs"], window)
+        if stat is None or label == "other":
             continue
-        (pos if row["label"] == "loop" else neg).append(row["stat"])
-    print(f"answers: {len(pos)} loops, {len(neg)} healthy (window {args.window} tokens)")
+        (pos if label == "loop" else neg).append(stat)
+    print(f"answers: {len(pos)} loops, {len(neg)} healthy (window {window} tokens)")
     if pos and neg:
         print(f"ROC AUC of the max window mean logprob: {auc(pos, neg):.3f}")
         print(f"loops: median {statistics.median(pos):.3f}, min {min(pos):.3f}")
@@ -190,8 +194,6 @@ async def main() -> None:
             rec = sum(v >= thr for v in pos) / len(pos)
             fpr = sum(v >= thr for v in neg) / len(neg)
             print(f"  threshold {thr:>6}: recall {rec:.2f}, false positives {fpr:.2f}")
-    if args.json:
-        _write(args.json, list(seen.values()))
 
 
 def _write(path: str, rows: list[dict[str, Any]]) -> None:
@@ -199,4 +201,9 @@ def _write(path: str, rows: list[dict[str, Any]]) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    if len(sys.argv) == 3 and sys.argv[1] == "--separation":
+        # Re-analyse answers saved with --json: bench_logprobs.py --separation answers.json
+        for w in (16, 32, 64):
+            separation(json.loads(Path(sys.argv[2]).read_text()), w)
+    else:
+        asyncio.run(main())
