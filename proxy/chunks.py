@@ -36,7 +36,9 @@ class Piece:
 # One whole upstream read that is exactly one vLLM text chunk: ``data: {...}\n\n`` with simple
 # top-level values (printable ASCII strings without escapes, integers of at most 18 digits), one
 # choice whose only news is a text delta (chat ``delta.content`` or completions ``text``), every
-# other choice key ``null``, and usage absent, ``null`` or vLLM's three counts. The pattern only
+# other choice key ``null``, and usage absent, ``null`` or vLLM's three counts (vLLM 0.32 adds
+# ``"completion_tokens_details":null`` on chat, ``"prompt_token_ids":null`` on completions).
+# The pattern only
 # accepts text that ``orjson.loads`` accepts with the same meaning (no duplicate keys that could
 # disagree, no control characters in strings, no leading zeros), so a match may skip the parse.
 _STR = rb'"[\x20\x21\x23-\x5b\x5d-\x7e]*"'
@@ -53,16 +55,19 @@ _FAST_CHUNK = re.compile(
     + _TEXT
     + rb'\}|"text":'
     + _TEXT
-    + rb')(?:,"(?:logprobs|finish_reason|stop_reason|token_ids)":null)*'
+    + rb')(?:,"(?:logprobs|finish_reason|stop_reason|token_ids|prompt_token_ids)":null)*'
     + rb'\}\](?:(,"usage":)(?:null|\{"prompt_tokens":('
     + _INT
     + rb'),"total_tokens":('
     + _INT
     + rb'),"completion_tokens":('
     + _INT
-    + rb")\}))?\}\n\n",
+    + rb')((?:,"(?:prompt_tokens_details|completion_tokens_details)":null)*)\}))?\}\n\n',
     re.DOTALL,
 ).fullmatch
+
+
+_NULL_KEY = re.compile(rb'"(\w+)":null').findall
 
 
 @dataclass(slots=True)
@@ -77,7 +82,7 @@ class TextChunk:
     index: int
     text: str
     usage_at: int
-    usage: dict[str, int] | None
+    usage: dict[str, Any] | None
 
 
 def text_chunk(read: bytes) -> TextChunk | None:
@@ -101,11 +106,16 @@ def text_chunk(read: bytes) -> TextChunk | None:
     except (UnicodeDecodeError, orjson.JSONDecodeError):
         return None
     pt = m[5]
-    usage = (
-        None
-        if pt is None
-        else {"prompt_tokens": int(pt), "total_tokens": int(m[6]), "completion_tokens": int(m[7])}
-    )
+    usage: dict[str, Any] | None = None
+    if pt is not None:
+        usage = {
+            "prompt_tokens": int(pt),
+            "total_tokens": int(m[6]),
+            "completion_tokens": int(m[7]),
+        }
+        if m[8]:
+            for key in _NULL_KEY(m[8]):
+                usage[key.decode()] = None
     return TextChunk(int(m[1]), text, m.start(4), usage)
 
 

@@ -6,6 +6,7 @@ ends in the same state as one that parses every event."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,8 @@ _ESCAPED = st.lists(
             b"",
             b',"usage":null',
             b',"usage":{"prompt_tokens":7,"total_tokens":9,"completion_tokens":2}',
+            b',"usage":{"prompt_tokens":7,"total_tokens":9,"completion_tokens":2,'
+            b'"completion_tokens_details":null}',
         ]
     ),
     chat=st.booleans(),
@@ -170,6 +173,22 @@ def _events(texts: list[str], *, chat: bool, usage: bool, n: int = 1) -> list[by
     return [e for e in events if e is not None]
 
 
+_COUNTS_END = re.compile(rb'("completion_tokens":[0-9]+)\}')
+
+
+def _as_vllm_032(events: list[bytes], chat: bool) -> list[bytes]:
+    """The events with the null fields vLLM 0.32 adds (``token_ids`` on every choice,
+    ``prompt_token_ids`` on completions, ``completion_tokens_details`` on chat usage)."""
+    extra = b',"token_ids":null' if chat else b',"prompt_token_ids":null,"token_ids":null'
+    out = []
+    for e in events:
+        e = e.replace(b'"finish_reason":null}', b'"finish_reason":null' + extra + b"}")
+        if chat:
+            e = _COUNTS_END.sub(rb'\1,"completion_tokens_details":null}', e)
+        out.append(e)
+    return out
+
+
 def _run(events: list[bytes], fast: bool, **policy: Any) -> tuple[bytes, StreamGuard]:
     g = StreamGuard(GuardPolicy.create(**policy), Detector)
     g._fast = g._fast and fast
@@ -197,15 +216,18 @@ TEXTS = [r["text"] for r in CORPUS[:12]] + ["Sure. " + LOOP, 'Quote "me" \\ naï
 
 
 @pytest.mark.parametrize("text", TEXTS, ids=range(len(TEXTS)))
+@pytest.mark.parametrize("vllm_032", [False, True], ids=["fake", "vllm-0.32"])
 @pytest.mark.parametrize("mode", ["enforce", "monitor"])
 @pytest.mark.parametrize(
     ("chat", "usage", "strip"),
     [(True, True, True), (True, True, False), (True, False, False), (False, True, True)],
 )
 def test_one_event_per_read_matches_the_general_path(
-    text: str, mode: str, chat: bool, usage: bool, strip: bool
+    text: str, vllm_032: bool, mode: str, chat: bool, usage: bool, strip: bool
 ) -> None:
     events = _events([text], chat=chat, usage=usage)
+    if vllm_032:
+        events = _as_vllm_032(events, chat)
     policy: dict[str, Any] = {
         "endpoint": "chat" if chat else "completions",
         "mode": mode,
@@ -222,9 +244,11 @@ def test_one_event_per_read_matches_the_general_path(
         assert fast_out == b"".join(events)
 
 
-def test_the_fast_path_is_taken() -> None:
+@pytest.mark.parametrize("chat", [True, False])
+def test_the_fast_path_is_taken(chat: bool) -> None:
     """Guards against a pattern that silently stopped matching vLLM's chunks."""
-    events = _events([CORPUS[0]["text"]], chat=True, usage=True)
+    events = _as_vllm_032(_events([CORPUS[0]["text"]], chat=chat, usage=True), chat)
+    assert b"_details" in events[2] or not chat
     assert (
         sum(chunks.text_chunk(e) is not None for e in events) >= len(events) - 4
     )  # role, finish, usage, [DONE]
