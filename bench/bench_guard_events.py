@@ -15,6 +15,9 @@ Variants, per event:
 * ``enforce`` — the real thing, the detector included.
 * ``enforce-batched`` — the same work with each stream's events fed back to back (all streams'
   state hot in cache), to tell cache effects of interleaving from the work itself.
+* ``enforce-logprobs`` — ``enforce`` on the events vLLM writes for GUARD_REQUEST_LOGPROBS
+  (``logprobs: true, top_logprobs: 0``: one ``{"token", "logprob", "bytes", "top_logprobs"}``
+  entry per chunk), fed to the detector and written ``null`` for the client.
 
 Per stream, separately: construction of the guard and its detector, and the end of the stream
 (``records()``: the detector's ``finish()``).
@@ -93,11 +96,37 @@ def stream_events(text: str) -> list[bytes]:
     return [e for e in events if e is not None]
 
 
-def make_guard(make_detector: Callable[[], Detector]) -> StreamGuard:
+def with_logprobs(events: list[bytes]) -> list[bytes]:
+    """``events`` as vLLM writes them when asked for the chosen token's logprob only."""
+    out = []
+    for i, event in enumerate(events):
+        chunk = json.loads(event[6:]) if event.startswith(b"data: {") else None
+        choices = chunk.get("choices") if chunk else None
+        if not choices or b'"logprobs":null' not in event:
+            out.append(event)
+            continue
+        token = choices[0].get("delta", {}).get("content") or ""
+        entry = {
+            "token": token,
+            "logprob": -(i % 7) * 0.3141592653589793,
+            "bytes": list(token.encode()),
+            "top_logprobs": [],
+        }
+        lp = b'"logprobs":' + json.dumps({"content": [entry]}, separators=(",", ":")).encode()
+        out.append(event.replace(b'"logprobs":null', lp, 1))
+    return out
+
+
+def make_guard(make_detector: Callable[[], Detector], logprobs: bool = False) -> StreamGuard:
     # What the app builds for a streaming chat request in enforce mode whose client did not ask
-    # for usage: the injected per-chunk and final usage are stripped.
+    # for usage: the injected per-chunk and final usage are stripped (and the logprobs, when
+    # the proxy asked for them).
     policy = GuardPolicy.create(
-        mode="enforce", strip_chunk_usage=True, strip_final_usage=True, client_wants_usage=False
+        mode="enforce",
+        strip_chunk_usage=True,
+        strip_final_usage=True,
+        client_wants_usage=False,
+        strip_logprobs=logprobs,
     )
     return StreamGuard(policy, make_detector)
 
@@ -122,7 +151,10 @@ def run_interleaved(
     def real() -> Detector:
         return Detector(config)
 
-    guards = [make_guard(NullDetector if variant == "parse" else real) for _ in range(n)]
+    lp = variant == "enforce-logprobs"
+    if lp:
+        streams = [with_logprobs(events) for events in streams]
+    guards = [make_guard(NullDetector if variant == "parse" else real, lp) for _ in range(n)]
     count = 0
     t0 = time.process_time()
     if variant == "enforce-batched":
@@ -168,8 +200,11 @@ def run_cold(streams: list[list[bytes]], variant: str, limit: int, evict: int) -
     """µs per event when the caches are cold, as between two reads of a real proxy: ``evict``
     bytes are copied between events (not timed) and each ``feed`` is timed on its own."""
     config = DetectorConfig()
+    lp = variant == "enforce-logprobs"
+    if lp:
+        streams = [with_logprobs(events) for events in streams]
     guards = [
-        make_guard(NullDetector if variant == "parse" else lambda: Detector(config))
+        make_guard(NullDetector if variant == "parse" else lambda: Detector(config), lp)
         for _ in streams
     ]
     junk = bytearray(evict)
@@ -202,7 +237,7 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile the enforce variant")
     args = ap.parse_args()
     texts = load_texts(args.corpus, 512)
-    variants = ("passthrough", "parse", "enforce", "enforce-batched")
+    variants = ("passthrough", "parse", "enforce", "enforce-batched", "enforce-logprobs")
     run_interleaved([stream_events(texts[0])] * 4, "enforce")  # load fastText once
     print(f"{len(texts)} healthy texts, {MAX_TOKENS} tokens per stream; best of {args.repeat}")
     print(f"{'N':>4} {'variant':<16} {'µs/event':>9}")
@@ -221,7 +256,7 @@ def main() -> int:
                     record = min(record, ended[1] / n * 1e6)
             print(f"{n:>4} {variant:<16} {best:9.2f}")
         if args.cold:
-            for variant in ("parse", "enforce"):
+            for variant in ("parse", "enforce", "enforce-logprobs"):
                 cold = run_cold(streams, variant, args.cold, args.evict_mib << 20)
                 print(f"{n:>4} {variant + '-cold':<16} {cold:9.2f}")
         setup = run_setup(n, args.repeat)

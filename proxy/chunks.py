@@ -7,6 +7,7 @@ choice).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,92 @@ class Piece:
     channel: str
     text: str
     tool_index: int = 0
+
+
+# One whole upstream read that is exactly one vLLM text chunk: ``data: {...}\n\n`` with simple
+# top-level values (printable ASCII strings without escapes, integers of at most 18 digits), one
+# choice whose only news is a text delta (chat ``delta.content`` or completions ``text``), every
+# other choice key ``null``, and usage absent, ``null`` or vLLM's three counts (vLLM 0.32 adds
+# ``"completion_tokens_details":null`` on chat, ``"prompt_token_ids":null`` on completions).
+# The pattern only
+# accepts text that ``orjson.loads`` accepts with the same meaning (no duplicate keys that could
+# disagree, no control characters in strings, no leading zeros), so a match may skip the parse.
+_STR = rb'"[\x20\x21\x23-\x5b\x5d-\x7e]*"'
+_INT = rb"(?:0|[1-9][0-9]{0,17})"
+_TEXT = rb'"([^"\\\x00-\x1f]*(?:\\.[^"\\\x00-\x1f]*)*)"'
+_FAST_CHUNK = re.compile(
+    rb"data: \{(?:\"(?:id|object|model|system_fingerprint)\":"
+    + _STR
+    + rb",|\"created\":"
+    + _INT
+    + rb',)*"choices":\[\{"index":('
+    + _INT
+    + rb'),(?:"delta":\{"content":'
+    + _TEXT
+    + rb'\}|"text":'
+    + _TEXT
+    + rb')(?:,"(?:logprobs|finish_reason|stop_reason|token_ids|prompt_token_ids)":null)*'
+    + rb'\}\](?:(,"usage":)(?:null|\{"prompt_tokens":('
+    + _INT
+    + rb'),"total_tokens":('
+    + _INT
+    + rb'),"completion_tokens":('
+    + _INT
+    + rb')((?:,"(?:prompt_tokens_details|completion_tokens_details)":null)*)\}))?\}\n\n',
+    re.DOTALL,
+).fullmatch
+
+
+_NULL_KEY = re.compile(rb'"(\w+)":null').findall
+
+
+@dataclass(slots=True)
+class TextChunk:
+    """What :func:`text_chunk` read out of a plain text chunk without parsing its JSON.
+
+    ``usage_at`` is the offset in the read of ``,"usage":`` (for cutting it off), or -1;
+    ``usage`` is vLLM's three counts when the chunk carried them (``None`` when absent or
+    ``null``).
+    """
+
+    index: int
+    text: str
+    usage_at: int
+    usage: dict[str, Any] | None
+
+
+def text_chunk(read: bytes) -> TextChunk | None:
+    """The choice index, new text and usage of ``read`` when it is exactly one plain vLLM text
+    chunk (see ``_FAST_CHUNK``), else ``None`` (the caller then parses it the general way).
+
+    This is the relay's per-token fast path: most events of a healthy stream are exactly this
+    shape, and a regular-expression match plus a UTF-8 decode cost a fraction of ``orjson.loads``
+    and the dict walk after it, which matters most when every chunk wakes the proxy alone. A
+    string with escapes is unescaped by ``orjson`` itself (the same rules, surrogates included);
+    bytes that are not valid UTF-8 give ``None``, as they make ``orjson.loads`` fail.
+    """
+    m = _FAST_CHUNK(read)
+    if m is None:
+        return None
+    raw = m[2]
+    if raw is None:
+        raw = m[3]
+    try:
+        text = raw.decode() if b"\\" not in raw else orjson.loads(b'"' + raw + b'"')
+    except (UnicodeDecodeError, orjson.JSONDecodeError):
+        return None
+    pt = m[5]
+    usage: dict[str, Any] | None = None
+    if pt is not None:
+        usage = {
+            "prompt_tokens": int(pt),
+            "total_tokens": int(m[6]),
+            "completion_tokens": int(m[7]),
+        }
+        if m[8]:
+            for key in _NULL_KEY(m[8]):
+                usage[key.decode()] = None
+    return TextChunk(int(m[1]), text, m.start(4), usage)
 
 
 def choice_text(choice: dict[str, Any]) -> str:
@@ -79,14 +166,66 @@ def choice_pieces(choice: dict[str, Any]) -> list[Piece]:
     return pieces
 
 
-def logprobs_content(choice: dict[str, Any]) -> list[Any] | None:
-    """The chat ``logprobs.content`` list of a choice, when the upstream sent logprobs."""
-    lp = choice.get("logprobs")
-    if isinstance(lp, dict):
-        content = lp.get("content")
-        if isinstance(content, list):
-            return content
-    return None
+def logprobs_entries(lp: Any) -> list[Any] | None:
+    """A choice's ``logprobs`` value as chat ``logprobs.content`` entries (``{"logprob": x,
+    "top_logprobs": [{"logprob": y}, ...]}``), the shape the detector reads: chat's list as it
+    is, the completions columns (``token_logprobs``, ``top_logprobs`` dicts) turned into it."""
+    if not isinstance(lp, dict):
+        return None
+    content = lp.get("content")
+    if isinstance(content, list):
+        return content
+    chosen = lp.get("token_logprobs")
+    if not isinstance(chosen, list):
+        return None
+    tops = lp.get("top_logprobs")
+    if not isinstance(tops, list) or len(tops) != len(chosen):
+        tops = [None] * len(chosen)
+    return [
+        {
+            "logprob": value,
+            "top_logprobs": [{"logprob": v} for v in top.values()] if isinstance(top, dict) else [],
+        }
+        for value, top in zip(chosen, tops, strict=True)
+    ]
+
+
+# What may follow ``"logprobs":{`` up to its closing brace: strings (escapes included) are
+# skipped whole, so a brace inside a token's text does not count.
+_LP_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}]', re.DOTALL)
+
+
+def null_logprobs(data: bytes) -> bytes | None:
+    """``data`` (one chunk's JSON) with every ``"logprobs":{...}`` value cut to ``null`` — the
+    bytes the engine writes when no logprobs were asked for — or ``None`` when the braces do not
+    balance (the caller then re-serialises). A key is ``"logprobs"`` only outside strings: in a
+    string its quotes would be escaped, and completions' ``"token_logprobs"`` and the entries'
+    ``"top_logprobs"`` do not end in the five bytes ``"logprobs":{``."""
+    out: list[bytes] = []
+    pos = 0
+    key = b'"logprobs":{'
+    while (at := data.find(key, pos)) >= 0:
+        start = at + len(key) - 1
+        depth = 0
+        end = -1
+        for m in _LP_TOKENS.finditer(data, start):
+            tok = m[0]
+            if tok == b"{":
+                depth += 1
+            elif tok == b"}":
+                depth -= 1
+                if depth == 0:
+                    end = m.end()
+                    break
+        if end < 0:
+            return None
+        out.append(data[pos:start])
+        out.append(b"null")
+        pos = end
+    if not out:
+        return data
+    out.append(data[pos:])
+    return b"".join(out)
 
 
 def guard_object(

@@ -85,6 +85,9 @@ SETTINGS_HELP: dict[str, str] = {
     "upstream_check_interval": "Seconds between checks that the engine answers (/health, "
     "/v1/models): logged while it does not, and its model list bounds the metrics' model "
     "label; 0 turns the checks off.",
+    "request_logprobs": "Ask the engine for each sampled token's log-probability on guarded "
+    "chat/completions requests and feed it to the detector; removed from the client's stream "
+    "unless the client asked for logprobs.",
 }
 
 

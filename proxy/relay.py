@@ -71,6 +71,9 @@ class GuardPolicy:
     map_engine_repetition: bool = True
     #: GUARD_MAX_EVENT_BYTES: one SSE event larger than this ends the stream with an error.
     max_event_bytes: int = MAX_EVENT_BYTES
+    #: The proxy asked for logprobs the client did not: fed to the detector, then each choice's
+    #: ``logprobs`` is written ``null``, as the engine writes it when nobody asks.
+    strip_logprobs: bool = False
 
     @classmethod
     def create(
@@ -86,6 +89,7 @@ class GuardPolicy:
         collect: bool = False,
         usage_null: bool = False,
         max_event_bytes: int = MAX_EVENT_BYTES,
+        strip_logprobs: bool = False,
     ) -> GuardPolicy:
         """The policy with its derived fields filled in."""
         return cls(
@@ -100,6 +104,7 @@ class GuardPolicy:
             usage_null=usage_null,
             map_engine_repetition=mode != "off" and abort_finish_reason != ENGINE_REPETITION,
             max_event_bytes=max_event_bytes,
+            strip_logprobs=strip_logprobs,
         )
 
     @classmethod
@@ -128,6 +133,7 @@ class GuardPolicy:
             collect=not rw.client_stream,
             usage_null=endpoint == "completions",
             max_event_bytes=max_event_bytes,
+            strip_logprobs=rw.injected_logprobs,
         )
 
 
@@ -194,6 +200,9 @@ class StreamGuard:
         if not isinstance(self.surface, _ChatSurface):
             self._event = MethodType(_surface_event, self)  # type: ignore[method-assign]
         self.parser = SSEParser(policy.max_event_bytes)
+        #: Chat and completions streamed to the client take :meth:`_text_event` for plain text
+        #: chunks (a non-streamed answer keeps every piece, so it always parses).
+        self._fast = isinstance(self.surface, _ChatSurface) and not policy.collect
         self.choices: dict[int, BlockState] = {}
         self.done = False
         #: The stream's terminal event arrived (``[DONE]``, ``response.completed``, ...).
@@ -217,6 +226,12 @@ class StreamGuard:
         """Bytes to send the client for this upstream read (possibly empty)."""
         if self.done:
             return b""
+        if self._fast and not self.parser.pending:
+            tc = chunks.text_chunk(data)
+            if tc is not None:
+                fast = self._text_event(data, tc)
+                if fast is not None:
+                    return fast
         events = self.parser.feed(data)
         if not events:
             return b""
@@ -263,6 +278,7 @@ class StreamGuard:
             self.template = chunk
 
         modified = False
+        stripped = False
         drop: list[dict[str, Any]] = []
         single = len(choices) == 1
         for choice in choices:
@@ -293,24 +309,18 @@ class StreamGuard:
                 verdict = state.detector.feed(
                     text,
                     tokens=tokens,
-                    logprobs=None if lp is None else chunks.logprobs_content(choice),
+                    logprobs=None if lp is None else chunks.logprobs_entries(lp),
                 )
                 state.chars += len(text)
             if self.policy.collect:
                 self._collect_extra(state, choice)
-            if verdict is not None and state.verdict is None:
-                state.verdict = verdict
-                state.trigger_text = text
-                if self.mode == "enforce":
-                    state.action = "aborted"
-                    chunks.mark_aborted(
-                        choice, verdict, self.policy.abort_finish_reason, state.tokens
-                    )
-                    self._end(state, self.policy.abort_finish_reason, choice["stop_reason"])
-                    self.aborted = True
-                    modified = True
-                    continue
-                state.action = "observed"
+            if (
+                verdict is not None
+                and state.verdict is None
+                and self._on_verdict(state, choice, verdict, text)
+            ):
+                modified = True
+                continue
             finish = choice.get("finish_reason")
             if finish is not None:
                 self._end(state, str(finish), choice.get("stop_reason"))
@@ -318,6 +328,11 @@ class StreamGuard:
                     choice["finish_reason"] = self.policy.abort_finish_reason
                     modified = True
 
+        if self.policy.strip_logprobs:
+            for choice in choices:
+                if type(choice) is dict and choice.get("logprobs") is not None:
+                    choice["logprobs"] = None
+                    stripped = True
         if drop:
             chunk["choices"] = [c for c in choices if not any(c is d for d in drop)]
             modified = True
@@ -330,11 +345,74 @@ class StreamGuard:
                 else:
                     chunk.pop("usage", None)
             out = encode_data(orjson.dumps(chunk))
+        elif stripped:
+            nulled = chunks.null_logprobs(data)
+            if nulled is None:
+                nulled = orjson.dumps(chunk)  # a layout the byte cut does not know
+            if usage is not None and self.policy.strip_chunk_usage:
+                nulled = chunks.strip_usage(nulled, chunk, null=self.policy.usage_null)
+            out = encode_data(nulled)
         elif usage is not None and self.policy.strip_chunk_usage:
             out = encode_data(chunks.strip_usage(data, chunk, null=self.policy.usage_null))
         else:
             return raw if not self.aborted else self._maybe_finish(raw)
         return self._maybe_finish(out)
+
+    def _on_verdict(
+        self, state: BlockState, choice: dict[str, Any], verdict: Verdict, text: str
+    ) -> bool:
+        """Record the block's first verdict; in ``enforce`` end ``choice`` (returns True: the
+        chunk changed)."""
+        state.verdict = verdict
+        state.trigger_text = text
+        if self.mode == "enforce":
+            state.action = "aborted"
+            chunks.mark_aborted(choice, verdict, self.policy.abort_finish_reason, state.tokens)
+            self._end(state, self.policy.abort_finish_reason, choice["stop_reason"])
+            self.aborted = True
+            return True
+        state.action = "observed"
+        return False
+
+    def _text_event(self, read: bytes, tc: chunks.TextChunk) -> bytes | None:
+        """:meth:`_event` for one read that is exactly one plain text chunk (see
+        :func:`proxy.chunks.text_chunk`), without parsing its JSON; the same state changes and
+        the same client bytes. ``None`` before touching any state when the general path must
+        decide (the first chunk, which becomes the template; a new or ended choice)."""
+        if self.template is None:
+            return None
+        state = self.choices.get(tc.index)
+        if state is None or state.ended:
+            return None
+        text = tc.text
+        usage = tc.usage
+        if usage is not None:
+            self.usage = usage
+            self.prompt_tokens = usage["prompt_tokens"]
+            ct = usage["completion_tokens"]
+            tokens = ct - state.tokens if ct >= state.tokens else 1
+        else:
+            tokens = 1 if text else 0
+        state.tokens += tokens
+        if text:
+            self.first_content = True
+            verdict = state.detector.feed(text, tokens=tokens, logprobs=None)
+            state.chars += len(text)
+            if verdict is not None and state.verdict is None:
+                chunk = orjson.loads(read[6:-2])
+                choice = chunk["choices"][0]
+                if self._on_verdict(state, choice, verdict, text):
+                    if self.policy.strip_chunk_usage:
+                        if self.policy.usage_null:
+                            chunk["usage"] = None
+                        else:
+                            chunk.pop("usage", None)
+                    return self._maybe_finish(encode_data(orjson.dumps(chunk)))
+        if usage is not None and self.policy.strip_chunk_usage:
+            cut = tc.usage_at
+            out = read[:cut] + (b',"usage":null}\n\n' if self.policy.usage_null else b"}\n\n")
+            return self._maybe_finish(out)
+        return read if not self.aborted else self._maybe_finish(read)
 
     def _note_usage(self, usage: dict[str, Any]) -> None:
         self.usage = usage
@@ -442,7 +520,7 @@ class StreamGuard:
                     fn = call.get("function")
                     if isinstance(fn, dict) and fn.get("name"):
                         slot["name"] = fn["name"]
-        lp = choice.get("logprobs")
+        lp = None if self.policy.strip_logprobs else choice.get("logprobs")
         if isinstance(lp, dict):
             content = lp.get("content")
             if isinstance(content, list):

@@ -107,6 +107,7 @@ class RewritePolicy:
     expect_language: str = "prompt"
     sampling_defaults: Mapping[str, Mapping[str, Any]] | None = None
     request_usage: bool = True
+    request_logprobs: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RewritePolicy:
@@ -118,6 +119,7 @@ class RewritePolicy:
             expect_language=settings.expect_language,
             sampling_defaults=settings.sampling_defaults,
             request_usage=settings.request_usage,
+            request_logprobs=settings.request_logprobs,
         )
 
 
@@ -136,6 +138,26 @@ class Rewrite:
     injected_language: str | None
     structured: bool
     n: int
+    #: The proxy asked for logprobs the client did not (GUARD_REQUEST_LOGPROBS): the relay
+    #: feeds them to the detector and removes them from the client's answer.
+    injected_logprobs: bool = False
+
+
+def _request_logprobs(out: dict[str, Any], endpoint: Endpoint) -> bool:
+    """Ask for the sampled token's log-probability when the client asked for none: on chat
+    ``logprobs: true`` with no alternatives (``top_logprobs: 0``), on completions ``logprobs: 1``
+    (the completions API has no "chosen token only"). Returns whether it asked; a client that
+    sent any logprobs field keeps exactly what it asked for."""
+    if endpoint == "chat":
+        if out.get("logprobs") or out.get("top_logprobs") is not None:
+            return False
+        out["logprobs"] = True
+        out["top_logprobs"] = 0
+        return True
+    if out.get("logprobs") is not None:
+        return False
+    out["logprobs"] = 1
+    return True
 
 
 def language_instruction(code: str) -> str:
@@ -191,6 +213,7 @@ def rewrite_request(
         out["stream_options"] = options
     elif client_options is None:
         out.pop("stream_options", None)
+    injected_logprobs = policy.request_logprobs and _request_logprobs(out, endpoint)
 
     return Rewrite(
         body=out,
@@ -204,6 +227,7 @@ def rewrite_request(
         injected_language=injected,
         structured=_is_structured(out),
         n=n or 1,
+        injected_logprobs=injected_logprobs,
     )
 
 

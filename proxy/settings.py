@@ -225,6 +225,10 @@ class Settings(BaseSettings):
     #: Seconds between checks that the engine answers (its /health and /v1/models); the model
     #: list bounds the metrics' model label. 0 turns the checks off.
     upstream_check_interval: float = Field(default=30.0, ge=0)
+    #: Ask the engine for each sampled token's log-probability on guarded chat/completions
+    #: requests (the detector's certainty signal); removed from what a client that did not ask
+    #: for logprobs receives.
+    request_logprobs: bool = False
 
     # --- validation -------------------------------------------------------------------------
 
