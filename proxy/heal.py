@@ -602,22 +602,28 @@ class HealGuard(StreamGuard):
         return out
 
 
-#: How far back :func:`word_boundary` looks for a space before it gives up (scripts without
+#: How far :func:`word_boundary` looks for the end of a word before it gives up (scripts without
 #: spaces between words: the cut stays at the onset).
-_WORD_BACKOFF = 32
+_WORD_REACH = 32
 
 
 def word_boundary(text: str, cut: int, floor: int) -> int:
-    """``cut`` moved back (not below ``floor``) to the end of the last whole word before it,
-    without trailing whitespace: a continuation then starts a fresh token (``" river"``)
-    instead of finishing a split word or starting after a dangling space, which tokenises
-    unlike anything the model was trained on."""
+    """Where to cut ``text`` near the detector's onset ``cut`` (never below ``floor``, what the
+    client already holds), so that a continuation starts a fresh token (``" The"``) rather than
+    the rest of a split word or a word after a dangling space, which tokenise unlike anything
+    the model was trained on.
+
+    An onset inside a word is moved *forward* to the end of that word: a periodic loop's onset
+    is where its period first matches, and that match often reaches a few characters back into
+    the healthy word before the loop (``"river. "`` ends like ``"answer. "``). Whitespace before
+    the cut is then dropped. Scripts without spaces keep the onset as it is.
+    """
     i = cut
-    if 0 < i < len(text) and not text[i - 1].isspace() and not text[i].isspace():
+    if 0 < i < len(text) and text[i - 1].isalnum() and text[i].isalnum():
         j = i
-        while j > floor and i - j < _WORD_BACKOFF and not text[j - 1].isspace():
-            j -= 1
-        if j > floor and text[j - 1].isspace():
+        while j < len(text) and j - i < _WORD_REACH and not text[j].isspace():
+            j += 1
+        if j < len(text) and text[j].isspace():
             i = j
     while i > floor and text[i - 1].isspace():
         i -= 1
