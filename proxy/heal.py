@@ -35,7 +35,7 @@ from proxy import chunks
 from proxy.chunks import Piece
 from proxy.detect import Detector, Summary, Verdict
 from proxy.errors import GuardError
-from proxy.records import ChoiceRecord, Endpoint, Outcome
+from proxy.records import ChoiceRecord, Endpoint
 from proxy.relay import BlockState, GuardPolicy, StreamGuard
 from proxy.sse import DONE, DONE_EVENT, encode_data
 
@@ -551,9 +551,6 @@ class HealGuard(StreamGuard):
             and state.verdict is None
             and state.finish_reason == "stop"
         )
-
-    def outcome(self, *, client_gone: bool = False) -> Outcome:
-        return super().outcome(client_gone=client_gone)
 
     def records(self, max_tokens: int | None) -> list[ChoiceRecord]:
         """One record for the choice: every token the engine generated over all stages, the
