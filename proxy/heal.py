@@ -36,7 +36,7 @@ from proxy.chunks import Piece
 from proxy.detect import Detector, Summary, Verdict
 from proxy.errors import GuardError
 from proxy.records import ChoiceRecord, Endpoint
-from proxy.relay import BlockState, GuardPolicy, StreamGuard
+from proxy.relay import ENGINE_REPETITION, BlockState, GuardPolicy, StreamGuard
 from proxy.sse import DONE, DONE_EVENT, encode_data
 
 if TYPE_CHECKING:
@@ -307,7 +307,10 @@ class HealGuard(StreamGuard):
             if text:
                 self._text.append(text)
             if self.carry.origin is not None and choice.get("finish_reason") is not None:
-                choice["guard"] = self.guard_object("healed")
+                state = self.choices.get(0)
+                # vLLM's own loop stop (repetition_detection, the backstop) ended it: not healed.
+                engine_stop = state is not None and state.finish_reason == ENGINE_REPETITION
+                choice["guard"] = self.guard_object("aborted" if engine_stop else "healed")
         start = self._text_end
         self._text_end += len(text)
         item = _Held(chunk, out, start, self._text_end, self.stage_tokens())

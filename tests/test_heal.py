@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,24 @@ def looping_then_healthy(fake: FakeVLLM, *, completions: bool = False) -> None:
         Script(texts=[LOOPING], response_id=prefix + "first", created=111),
         Script(texts=[ENDING], response_id=prefix + "second", created=222),
     ]
+
+
+def recorded(metrics: Metrics, name: str) -> float | None:
+    """``name`` for model m once the proxy recorded the request (it does so after the last byte,
+    so a fast client can read the answer first)."""
+    q = metrics.quality_registry
+    deadline = time.monotonic() + 5
+    while q.get_sample_value(
+        "guard_generations_total", {"model": "m", "endpoint": "chat", "outcome": "completed"}
+    ) is None and (
+        q.get_sample_value(
+            "guard_generations_total", {"model": "m", "endpoint": "chat", "outcome": "aborted"}
+        )
+        is None
+    ):
+        assert time.monotonic() < deadline, "the proxy recorded nothing"
+        time.sleep(0.01)
+    return q.get_sample_value(name, {"model": "m"})
 
 
 def data_events(body: bytes) -> list[dict[str, Any]]:
@@ -453,7 +472,7 @@ def test_after_the_last_attempt_the_choice_ends_as_enforce_ends_it(
     assert raw.endswith(b"data: [DONE]\n\n")
     assert b"answer" not in raw
     q = metrics.quality_registry
-    assert q.get_sample_value("guard_heals_total", {"model": "m"}) == 1
+    assert recorded(metrics, "guard_heals_total") == 1
     assert q.get_sample_value("guard_heal_attempts_total", {"model": "m"}) == 2
     assert q.get_sample_value("guard_heal_successes_total", {"model": "m"}) is None
     assert (
@@ -512,3 +531,44 @@ def test_a_healthy_answer_in_heal_mode_is_byte_identical(
     via_proxy = httpx.post(base + "/v1/chat/completions", json=body).content
     direct = httpx.post(fake_upstream.url + "/v1/chat/completions", json=body).content
     assert via_proxy == direct
+
+
+def test_responses_and_messages_in_heal_mode_end_as_enforce(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+) -> None:
+    """No continuation of the final message on these routes: heal falls back to enforce's
+    ending there (one request each, the answer cut and marked by the guard)."""
+    fake_upstream.script = Script(texts=[LOOPING])
+    base = proxy_server(mode="heal")
+    responses = httpx.post(
+        base + "/v1/responses", json={"model": "m", "input": "Tell me.", "stream": False}
+    ).json()
+    assert responses["status"] == "incomplete"
+    assert responses["incomplete_details"]["guard"]["action"] == "aborted"
+    messages = httpx.post(
+        base + "/v1/messages",
+        json={"model": "m", "max_tokens": 1000, "messages": MESSAGES},
+    ).json()
+    assert messages["guard"]["action"] == "aborted"
+    assert len(fake_upstream.guarded_requests()) == 2
+
+
+def test_the_engine_loop_stop_in_a_continuation_is_not_a_heal(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+) -> None:
+    """vLLM's repetition_detection (the backstop) ending the continuation shows as the abort
+    finish reason, and the choice does not count as healed."""
+    fake_upstream.scripts = [
+        Script(texts=[LOOPING]),
+        Script(texts=[ENDING], finish_reason="repetition"),
+    ]
+    metrics = Metrics()
+    base = proxy_server(mode="heal", metrics=metrics)
+    body = {"model": "m", "messages": MESSAGES, "stream": True, "max_tokens": 1000}
+    final = data_events(httpx.post(base + "/v1/chat/completions", json=body).content)[-1]
+    choice = final["choices"][0]
+    assert choice["finish_reason"] == "content_filter"
+    assert choice["guard"]["action"] == "aborted" and choice["guard"]["attempts"] == 1
+    q = metrics.quality_registry
+    assert recorded(metrics, "guard_heals_total") == 1
+    assert q.get_sample_value("guard_heal_successes_total", {"model": "m"}) is None
