@@ -9,6 +9,10 @@ content chunk and to the last byte. Run::
 
     python bench/bench_heal_holdback.py [--tokens 200] [--delay 0.02]
 
+With ``--delays`` it prints instead what the default window is chosen from: the detector's delay
+(tokens from a loop's first token to the verdict) on loops of 3 to 100 words per period behind
+healthy corpus text, in the fake engine's word-sized tokens.
+
 Not a test: timings are reported, never asserted (and depend on the machine's load).
 """
 
@@ -26,7 +30,22 @@ from proxy.settings import load_settings
 from tests.conftest import ProxyServer
 from tests.fakes.vllm import FakeVLLM, Script
 
-WORDS = ("river", "stone", "lamp", "window", "cloud", "garden", "paper", "music", "forest", "tiger")
+WORDS = [
+    "alpha",
+    "river",
+    "stone",
+    "cloud",
+    "seven",
+    "garden",
+    "lamp",
+    "window",
+    "orange",
+    "silver",
+    "tiger",
+    "paper",
+    "music",
+    "forest",
+]
 
 
 def healthy(tokens: int) -> str:
@@ -62,11 +81,41 @@ def measure(base: str, tokens: int) -> dict[str, float]:
     }
 
 
+def detection_delays() -> None:
+    import json
+    import random
+    from pathlib import Path
+
+    from proxy.detect import Detector
+    from tests.fakes.vllm import tokenize
+
+    corpus = Path(__file__).resolve().parent.parent / "tests" / "data" / "corpus.jsonl"
+    rows = [json.loads(line) for line in corpus.read_text().splitlines()]
+    intros = [r["text"][:400] for r in rows if r["label"] == "healthy"][:6]
+    rng = random.Random(1)
+    for period in (3, 6, 12, 25, 50, 100):
+        delays = []
+        for intro in intros:
+            sentence = " ".join(rng.choice(WORDS) for _ in range(period)) + "."
+            pieces = tokenize(intro + " " + (sentence + " ") * 400)
+            start = len(tokenize(intro))
+            detector = Detector()
+            for i, piece in enumerate(pieces):
+                if detector.feed(piece, tokens=1) is not None:
+                    delays.append(i + 1 - start)
+                    break
+        print(f"period {period:3d} words: delay {sorted(delays)} tokens")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--delay", type=float, default=0.02, help="seconds between tokens")
+    parser.add_argument("--delays", action="store_true", help="detection delays instead")
     args = parser.parse_args()
+    if args.delays:
+        detection_delays()
+        return
     settings_list = [
         ("enforce", {"mode": "enforce"}),
         ("heal, holdback 0", {"mode": "heal", "heal_holdback_tokens": 0}),
