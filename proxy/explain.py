@@ -28,7 +28,8 @@ SETTINGS_HELP: dict[str, str] = {
     "workers": "uvicorn worker processes; above 1, metrics switch to prometheus-client "
     "multiprocess mode (PROMETHEUS_MULTIPROC_DIR).",
     "mode": "enforce: abort degenerate generations at the engine; monitor: detect and count "
-    "only (action=observed); off: plain relay.",
+    "only (action=observed); off: plain relay; heal: cut a loop back to its onset and let the "
+    "engine continue the same answer (GUARD_HEAL_*).",
     "allow_client_override": "Let a request pick its own mode with the x-guard-mode header.",
     "abort_finish_reason": "finish_reason the client sees on an aborted choice (content_filter "
     "is in the OpenAI enum; repetition is vLLM's own and strict clients reject it).",
@@ -88,6 +89,19 @@ SETTINGS_HELP: dict[str, str] = {
     "request_logprobs": "Ask the engine for each sampled token's log-probability on guarded "
     "chat/completions requests and feed it to the detector; removed from the client's stream "
     "unless the client asked for logprobs.",
+    "heal_max_attempts": "heal mode: continuations one degenerate choice may get (each from "
+    "the onset of the loop, with stronger anti-repetition) before it ends as in enforce.",
+    "heal_holdback_tokens": "heal mode: text chunks the proxy holds back before forwarding, so "
+    "a loop whose onset lies inside the window never reaches the client (the text runs this "
+    "many tokens behind; inter-token latency is unchanged); 0 turns it off.",
+    "heal_repetition_penalty_step": "heal mode: repetition_penalty added per attempt (from "
+    "the request's, at least 1.0; at most 2.0).",
+    "heal_frequency_penalty_step": "heal mode: frequency_penalty added per attempt (at most 2.0).",
+    "heal_presence_penalty_step": "heal mode: presence_penalty added per attempt (at most 2.0).",
+    "heal_temperature_step": "heal mode: temperature per attempt for a greedy request "
+    "(temperature 0), so the continuation does not walk back into the same loop.",
+    "heal_repetition_detection": "heal mode: ask vLLM's repetition_detection on continuations "
+    "(the engine stops an exact token loop itself).",
 }
 
 

@@ -38,6 +38,7 @@ from proxy.errors import (
     UpstreamFailure,
     anthropic_error_object,
 )
+from proxy.heal import HealGuard, HealPolicy, continuation_request, unhealable
 from proxy.paths import wire_path
 from proxy.records import Endpoint, GenerationRecord
 from proxy.relay import GuardPolicy, Mode, StreamGuard
@@ -50,7 +51,7 @@ from proxy.usage_options import names_usage_option
 
 log = logging.getLogger("coherence_guard")
 
-_MODES = frozenset({"enforce", "monitor", "off"})
+_MODES = frozenset({"enforce", "monitor", "off", "heal"})
 #: How long to wait for the end of a body after ``[DONE]`` before giving the connection up.
 _DRAIN_SECONDS = 1.0
 
@@ -81,6 +82,7 @@ class Guarded:
     def __init__(self, proxy: Proxy, endpoint: Endpoint) -> None:
         self.proxy = proxy
         self.endpoint: Endpoint = endpoint
+        self.heal = HealPolicy.from_settings(proxy.settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         proxy = self.proxy
@@ -105,6 +107,7 @@ class Guarded:
 
         opts = body.get("stream_options") if isinstance(body, dict) else None
         call = _GuardedCall(proxy, scope, send, self.endpoint, rw, mode, headers, started)
+        call.heal = self.heal
         call.client_body = body
         call.client_continuous = (
             isinstance(opts, dict) and opts.get("continuous_usage_stats") is True
@@ -131,7 +134,7 @@ class Guarded:
                 value = asked.decode("latin-1").strip().lower()
                 if value not in _MODES:
                     raise BadRequest(
-                        "'x-guard-mode' must be one of enforce, monitor, off.",
+                        "'x-guard-mode' must be one of enforce, monitor, off, heal.",
                         param="x-guard-mode",
                     )
                 mode = value  # type: ignore[assignment]
@@ -204,6 +207,7 @@ class _GuardedCall:
         self.upstream_failed = False
         self.client_continuous = False
         self.client_body: Any = None
+        self.heal = HealPolicy()
         self.watch = Watch()
         self.extra = [
             (b"x-guard-max-tokens", rw.max_tokens_header.encode()),
@@ -326,6 +330,9 @@ class _GuardedCall:
                 await self._relay_stream(resp, watch)
                 return
             guard = self.guard = self._make_guard()
+            if isinstance(guard, HealGuard):
+                resp = await self._run_heal(resp, guard, watch)
+                return
             if self.rw.client_stream:
                 await self._stream(resp, guard, watch)
             else:
@@ -337,16 +344,130 @@ class _GuardedCall:
             await resp.aclose()
 
     def _make_guard(self) -> StreamGuard:
+        mode = self.mode
+        heal = mode == "heal"
+        if heal and unhealable(self.endpoint, self.rw.body, self.rw.n) is not None:
+            mode, heal = "enforce", False  # no way to continue this answer: end it as enforce
         policy = GuardPolicy.for_request(
             self.endpoint,
             self.rw,
-            self.mode,
+            mode,
             abort_finish_reason=self.proxy.settings.abort_finish_reason,
             injected_usage=self._injected_usage(),
             client_continuous=self.client_continuous,
             max_event_bytes=self.proxy.settings.max_event_bytes,
         )
+        if heal:
+            return HealGuard(policy, _make_detector(self.proxy, self.rw), self.heal)
         return StreamGuard(policy, _make_detector(self.proxy, self.rw))
+
+    # ------------------------------------------------------------------ heal mode
+    async def _run_heal(
+        self, resp: UpstreamResponse, guard: HealGuard, watch: Watch
+    ) -> UpstreamResponse:
+        """Relay stage after stage: on a verdict close the engine's stream, ask it to continue
+        from the cut, and relay that as the same choice; after the last attempt (or when the
+        continuation cannot be had) end the choice as enforce does. Returns the response it
+        read last (the caller closes it)."""
+        stream = self.rw.client_stream
+        if stream:
+            headers = response_headers(resp.headers, self.proxy.engine_url, keep_length=False)
+            self.sse_body = True
+            await self._start(200, headers + self.extra)
+            self.stream_open = True
+            self.proxy.metrics.stream_opened()
+        while True:
+            await self._pump(resp, guard, watch, stream)
+            if not guard.needs_heal:
+                break
+            nxt = None
+            remaining = guard.remaining_tokens(self.rw.max_tokens)
+            if guard.healable and guard.attempt < self.heal.max_attempts and remaining > 0:
+                await resp.aclose()
+                nxt = await self._continue(guard, remaining)
+            if nxt is None:
+                tail = guard.give_up()
+                if stream:
+                    await self._send_body(tail, watch)
+                break
+            resp, guard = nxt
+            self.guard = guard
+        watch.cancellable = False
+        if stream:
+            await self.send({"type": "http.response.body", "body": b""})
+        else:
+            await self._answer(guard)
+        if guard.saw_done and not guard.aborted:
+            await resp.drain(_DRAIN_SECONDS)
+        return resp
+
+    async def _continue(
+        self, guard: HealGuard, remaining: int
+    ) -> tuple[UpstreamResponse, HealGuard] | None:
+        """Open the continuation of ``guard``'s cut answer; None when the engine will not give
+        one (the failure is counted and logged; the client gets enforce's ending instead)."""
+        nxt = guard.continuation()
+        body = continuation_request(
+            self.rw.body, self.endpoint, nxt.carry.prefix, remaining, nxt.attempt, self.heal
+        )
+        try:
+            resp = await self.proxy.fast.post(
+                wire_path(self.scope["path"]), self._upstream_headers(), orjson.dumps(body)
+            )
+        except UpstreamFailure as exc:
+            upstream_failed(self.proxy, exc.kind)
+            return None
+        if resp.status_code != 200 or not _is_sse(resp.headers):
+            upstream_failed(self.proxy, "status", resp.status_code)
+            await resp.aclose()
+            return None
+        return resp, nxt
+
+    async def _send_body(self, out: bytes, watch: Watch) -> None:
+        watch.seq += 1
+        await self.send({"type": "http.response.body", "body": out, "more_body": True})
+        watch.seq += 1
+
+    async def _pump(
+        self, resp: UpstreamResponse, guard: HealGuard, watch: Watch, stream: bool
+    ) -> None:
+        """One stage: the engine's stream through ``guard`` (to the client when streaming)."""
+        first = guard.attempt == 0
+        try:
+            while data := await resp.read():
+                out = guard.feed(data)
+                if out and stream:
+                    await self._send_body(out, watch)
+                    if first and guard.first_content:
+                        first = False
+                        self.proxy.metrics.time_to_first_token(time.perf_counter() - self.started)
+                if guard.done:
+                    break
+            else:
+                out = guard.eof()
+                if out and stream:
+                    await self._send_body(out, watch)
+        except UpstreamFailure as exc:
+            upstream_failed(self.proxy, exc.kind)
+            self.upstream_failed = True
+            out = guard.upstream_failed(exc.error)
+            if stream:
+                await self._send_body(out, watch)
+
+    async def _answer(self, guard: StreamGuard) -> None:
+        """The non-streamed answer (or the engine's error) once the guard is done."""
+        if guard.error is not None and not guard.aborted:
+            err = guard.error
+            code = err.get("code")
+            status = code if isinstance(code, int) and 400 <= code < 600 else 502
+            body = orjson.dumps({"error": err})
+        else:
+            status = 200
+            body = orjson.dumps(guard.response(trim=self.proxy.settings.trim_on_abort))
+        await self._start(
+            status, [*JSON_HEADERS, (b"content-length", str(len(body)).encode()), *self.extra]
+        )
+        await self.send({"type": "http.response.body", "body": body})
 
     async def _stream(self, resp: UpstreamResponse, guard: StreamGuard, watch: Watch) -> None:
         send = self.send
@@ -458,6 +579,21 @@ class _GuardedCall:
         proxy.metrics.record_generation(
             GenerationRecord(model=model, endpoint=self.endpoint, outcome=outcome, choices=choices)
         )
+        if isinstance(guard, HealGuard) and (guard.attempt > 0 or guard.gave_up):
+            proxy.metrics.heal_finished(
+                model,
+                attempts=guard.attempt,
+                success=guard.healed(),
+                discarded=guard.discarded_tokens(),
+            )
+            log.info(
+                "degenerate generation %s: model=%s endpoint=%s attempts=%d tokens_discarded=%d",
+                "healed" if guard.healed() else "not healed",
+                model,
+                self.endpoint,
+                guard.attempt,
+                guard.discarded_tokens(),
+            )
         if guard is not None and (guard.aborted or any(c.action for c in guard.choices.values())):
             self._log_detections(guard, model)
         proxy.metrics.request_finished(

@@ -60,7 +60,7 @@ MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 
 OUTCOMES: Final = frozenset({"completed", "aborted", "client_disconnected", "upstream_error"})
 ENDPOINTS: Final = frozenset({"chat", "completions", "responses", "messages"})
-DETECTION_ACTIONS: Final = frozenset({"aborted", "observed"})
+DETECTION_ACTIONS: Final = frozenset({"aborted", "observed", "healed"})
 MAX_TOKENS_ACTIONS: Final = frozenset({"defaulted", "clamped", "rejected"})
 UPSTREAM_ERROR_KINDS: Final = frozenset({"connect", "timeout", "status", "protocol", "disconnect"})
 CLIENT_TIMEOUT_KINDS: Final = frozenset({"write", "deadline"})
@@ -339,6 +339,39 @@ class Metrics:
             )
         )
 
+        self._heals = _Children(
+            Counter(
+                "guard_heals",
+                "Choices heal mode continued after a verdict (at least one continuation).",
+                ("model",),
+                registry=q,
+            )
+        )
+        self._heal_attempts = _Children(
+            Counter(
+                "guard_heal_attempts",
+                "Continuation requests heal mode sent.",
+                ("model",),
+                registry=q,
+            )
+        )
+        self._heal_successes = _Children(
+            Counter(
+                "guard_heal_successes",
+                "Healed choices whose last continuation ended with stop and no verdict.",
+                ("model",),
+                registry=q,
+            )
+        )
+        self._heal_discarded = _Children(
+            Counter(
+                "guard_heal_discarded_tokens",
+                "Generated tokens heal mode cut away (the loop after its onset).",
+                ("model",),
+                registry=q,
+            )
+        )
+
         i = self.infra_registry
         self._requests = _Children(
             Counter(
@@ -497,6 +530,17 @@ class Metrics:
             saved = choice.max_tokens - choice.completion_tokens
             if saved > 0:
                 self._tokens_saved(model).inc(saved)
+
+    def heal_finished(self, model: str, *, attempts: int, success: bool, discarded: int) -> None:
+        """Once per healed choice (``attempts`` continuations were sent)."""
+        label = self._model(model)
+        if attempts > 0:
+            self._heals(label).inc()
+            self._heal_attempts(label).inc(attempts)
+        if success:
+            self._heal_successes(label).inc()
+        if discarded > 0:
+            self._heal_discarded(label).inc(discarded)
 
     def max_tokens_rewritten(self, model: str, action: str) -> None:
         """action in defaulted | clamped | rejected."""

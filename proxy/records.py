@@ -14,7 +14,7 @@ from proxy.detect import Summary
 
 Outcome = Literal["completed", "aborted", "client_disconnected", "upstream_error"]
 Endpoint = Literal["chat", "completions", "responses", "messages"]
-DetectionAction = Literal["aborted", "observed"]
+DetectionAction = Literal["aborted", "observed", "healed"]
 
 
 @dataclass(slots=True)
@@ -24,7 +24,8 @@ class ChoiceRecord:
 
     ``finish_reason`` is what the client saw (the guard's configured reason for an aborted
     choice, ``None`` if the stream ended without one). ``detection_action`` is set when the
-    detector fired: ``aborted`` in enforce mode, ``observed`` in monitor mode.
+    detector fired: ``aborted`` in enforce mode, ``observed`` in monitor mode, ``healed``
+    when heal mode continued the choice.
     ``max_tokens`` is the effective limit sent upstream, for tokens-saved accounting.
     """
 

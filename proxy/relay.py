@@ -38,7 +38,7 @@ from proxy.sse import DONE, DONE_EVENT, MAX_EVENT_BYTES, SSEParser, encode_data
 if TYPE_CHECKING:
     from proxy.rewrite import Rewrite
 
-Mode = Literal["enforce", "monitor", "off"]
+Mode = Literal["enforce", "monitor", "off", "heal"]
 
 #: vLLM's own loop stop (``repetition_detection``): the engine did the guard's job, so the client
 #: sees it as ``GUARD_ABORT_FINISH_REASON`` says while metrics keep the engine's reason.

@@ -49,6 +49,8 @@ modes (--mode, GUARD_MODE):
             the client's stream with finish_reason GUARD_ABORT_FINISH_REASON (default)
   monitor   detect and count in /metrics/quality, never change a byte the client gets
   off       relay the engine's answer as it is (request rewriting still applies)
+  heal      cut a degenerate generation back to where the loop began and let the engine
+            continue the same answer from there (GUARD_HEAL_*)
 
 Every flag has a GUARD_* variable (flags win); all other settings are GUARD_* variables or
 lines in ./.env. See what each one does and its current value with
@@ -72,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, help="worker processes (GUARD_WORKERS, default 1)")
     parser.add_argument(
         "--mode",
-        choices=("enforce", "monitor", "off"),
+        choices=("enforce", "monitor", "off", "heal"),
         help="what to do with a degenerate generation (GUARD_MODE, default enforce; see below)",
     )
     parser.add_argument(

@@ -160,7 +160,7 @@ class Settings(BaseSettings):
     port: int = Field(default=8080, ge=1, le=65535)
     workers: int = Field(default=1, ge=1)
 
-    mode: Literal["enforce", "monitor", "off"] = "enforce"
+    mode: Literal["enforce", "monitor", "off", "heal"] = "enforce"
     allow_client_override: bool = False
     abort_finish_reason: Literal["content_filter", "length", "stop", "repetition"] = (
         "content_filter"
@@ -229,6 +229,17 @@ class Settings(BaseSettings):
     #: requests (the detector's certainty signal); removed from what a client that did not ask
     #: for logprobs receives.
     request_logprobs: bool = False
+
+    # --- heal mode ---
+    #: Continuations one choice may get before it ends as enforce ends it.
+    heal_max_attempts: int = Field(default=2, ge=0, le=8)
+    #: Text chunks held back from the client in heal mode (0 = none).
+    heal_holdback_tokens: int = Field(default=64, ge=0, le=4096)
+    heal_repetition_penalty_step: float = Field(default=0.1, ge=0, le=1)
+    heal_frequency_penalty_step: float = Field(default=0.3, ge=0, le=2)
+    heal_presence_penalty_step: float = Field(default=0.0, ge=0, le=2)
+    heal_temperature_step: float = Field(default=0.3, ge=0, le=2)
+    heal_repetition_detection: bool = True
 
     # --- validation -------------------------------------------------------------------------
 

@@ -75,7 +75,10 @@ def chat_like_body(draw: st.DrawFn) -> bytes:
         )
     if draw(st.booleans()):
         body["prompt"] = draw(st.one_of(st.just("Say hello."), _json))
-    for key in ("stream", "max_tokens", "max_completion_tokens", "n", "stream_options",
+    if draw(st.integers(0, 3)) == 0:
+        # Small: the fake engine really generates every choice it is asked for.
+        body["n"] = draw(st.one_of(st.integers(-2, 4), st.booleans(), st.text(max_size=3)))
+    for key in ("stream", "max_tokens", "max_completion_tokens", "stream_options",
                 "temperature", "response_format", "logprobs"):  # fmt: skip
         if draw(st.integers(0, 3)) == 0:
             body[key] = draw(

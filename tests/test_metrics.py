@@ -36,6 +36,10 @@ QUALITY_FAMILIES = {
     "guard_repetition_score",
     "guard_lexical_diversity",
     "guard_token_entropy",
+    "guard_heals",
+    "guard_heal_attempts",
+    "guard_heal_successes",
+    "guard_heal_discarded_tokens",
 }
 
 

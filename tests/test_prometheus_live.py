@@ -82,7 +82,7 @@ LONG_HEALTHY = HEALTHY + (
     "hundreds of millions of years ago, long before the first animals walked on land."
 )
 
-ROUND = {"aborted": 3, "completed": 4, "client_disconnected": 1, "upstream_error": 1}
+ROUND = {"aborted": 3, "completed": 5, "client_disconnected": 1, "upstream_error": 1}
 
 
 class FakeVLLMWithMetrics(FakeVLLM):
@@ -258,6 +258,19 @@ def _round(client: OpenAI, base: str, fake: FakeVLLM) -> None:
         timeout=30,
     )
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+
+    # Degenerate in heal mode: cut at the onset, continued to a healthy stop (completed).
+    fake.scripts = [
+        Script(texts=["Photosynthesis starts with light. " + LOOP], model=MODEL),
+        Script(texts=[HEALTHY], finish_reason="stop", model=MODEL),
+    ]
+    r = httpx.post(
+        base + "/v1/chat/completions",
+        headers={"x-guard-mode": "heal"},
+        json={"model": MODEL, "messages": messages, "max_tokens": 2000},
+        timeout=30,
+    )
+    assert r.status_code == 200 and r.json()["choices"][0]["guard"]["action"] == "healed"
 
     # Client goes away mid-stream.
     fake.script = Script(texts=[LONG_HEALTHY], chunk_delay=0.02, model=MODEL)

@@ -70,6 +70,9 @@ class Script:
     prompt_tokens: int = 7
     #: Delay before the chunked terminator that follows ``[DONE]`` (uvicorn writes it apart).
     tail_delay: float = 0.0
+    #: The response id (default: ``chatcmpl-``/``cmpl-`` + a fixed suffix).
+    response_id: str | None = None
+    created: int = 1700000000
 
 
 @dataclass
@@ -411,9 +414,9 @@ class FakeVLLM:
         opts = req.get("stream_options") or {}
         usage = bool(opts.get("include_usage"))
         continuous = usage and bool(opts.get("continuous_usage_stats"))
-        rid = ("chatcmpl-" if chat else "cmpl-") + "fake0123456789"
+        rid = script.response_id or ("chatcmpl-" if chat else "cmpl-") + "fake0123456789"
         obj = "chat.completion.chunk" if chat else "text_completion"
-        created = 1700000000
+        created = script.created
         model = req.get("model") or script.model
         pt = script.prompt_tokens
         counts = [0] * n
