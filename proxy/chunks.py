@@ -274,3 +274,22 @@ def strip_usage(data: bytes, chunk: dict[str, Any], *, null: bool = False) -> by
 
 def dumps(obj: Any) -> bytes:
     return orjson.dumps(obj)
+
+
+def json_object(data: bytes | None) -> dict[str, Any] | None:
+    """The JSON object an event's data holds, or ``None`` (no data, not JSON, not an object):
+    what a surface's reader relays untouched."""
+    if data is None:
+        return None
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return obj if type(obj) is dict else None
+
+
+def named_event(obj: dict[str, Any]) -> bytes:
+    """One named SSE event (``event: <type>``), as the Responses and Messages streams write
+    them: the event name is the object's own ``type``."""
+    kind: str = obj["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"

@@ -20,8 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from proxy import chunks
 from proxy.chunks import Piece
 
@@ -90,20 +88,13 @@ def stop_details(reason: str, verdict: Verdict) -> dict[str, Any] | None:
     return {"type": "refusal", "category": None, "explanation": "coherence_guard:" + verdict.signal}
 
 
-def encode(obj: dict[str, Any]) -> bytes:
-    kind: str = obj["type"]
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+encode = chunks.named_event
 
 
 class _Messages:
     def event(self, guard: StreamGuard, raw: bytes, data: bytes | None) -> bytes:
-        if data is None:
-            return raw
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return raw
-        if type(obj) is not dict:
+        obj = chunks.json_object(data)
+        if obj is None:
             return raw
         kind = obj.get("type")
         if kind == "content_block_delta":

@@ -22,8 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from proxy import chunks
 
 if TYPE_CHECKING:
@@ -82,20 +80,13 @@ def incomplete_reason(abort_finish_reason: str) -> str:
     return "max_output_tokens" if abort_finish_reason == "length" else "content_filter"
 
 
-def encode(obj: dict[str, Any]) -> bytes:
-    kind: str = obj["type"]
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+encode = chunks.named_event
 
 
 class _Responses:
     def event(self, guard: StreamGuard, raw: bytes, data: bytes | None) -> bytes:
-        if data is None:
-            return raw
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return raw
-        if type(obj) is not dict:
+        obj = chunks.json_object(data)
+        if obj is None:
             return raw
         rs = _state(guard)
         seq = obj.get("sequence_number")
