@@ -460,7 +460,12 @@ class _GuardedCall:
             err = guard.error
             code = err.get("code")
             status = code if isinstance(code, int) and 400 <= code < 600 else 502
-            body = orjson.dumps({"error": err})
+            if self.endpoint == "messages":
+                error = anthropic_error_object(err)
+                rid = self.scope.get(REQUEST_ID)
+                body = orjson.dumps({"type": "error", "error": error, "request_id": rid})
+            else:
+                body = orjson.dumps({"error": err})
         else:
             status = 200
             body = orjson.dumps(guard.response(trim=self.proxy.settings.trim_on_abort))
@@ -518,23 +523,7 @@ class _GuardedCall:
             self.upstream_failed = True
             guard.upstream_failed(exc.error)
         watch.cancellable = False
-        if guard.error is not None and not guard.aborted:
-            err = guard.error
-            code = err.get("code")
-            status = code if isinstance(code, int) and 400 <= code < 600 else 502
-            if self.endpoint == "messages":
-                error = anthropic_error_object(err)
-                rid = self.scope.get(REQUEST_ID)
-                body = orjson.dumps({"type": "error", "error": error, "request_id": rid})
-            else:
-                body = orjson.dumps({"error": err})
-        else:
-            status = 200
-            body = orjson.dumps(guard.response(trim=self.proxy.settings.trim_on_abort))
-        await self._start(
-            status, [*JSON_HEADERS, (b"content-length", str(len(body)).encode()), *self.extra]
-        )
-        await self.send({"type": "http.response.body", "body": body})
+        await self._answer(guard)
 
     async def deadline(self) -> None:
         """GUARD_REQUEST_DEADLINE passed (the upstream is closed already): end the answer."""
