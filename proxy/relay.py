@@ -221,6 +221,26 @@ class StreamGuard:
         state = self.choices[index] = BlockState(index, self._make_detector())
         return state
 
+    def feed_text(self, state: BlockState, text: str) -> Verdict | None:
+        """One token of a surface's text to its block's detector; the verdict when it asks the
+        stream to end here (``enforce``: state marked aborted, the guard done), else ``None``.
+        The surfaces (:mod:`proxy.surfaces`) write their own ending events around it."""
+        self.first_content = True
+        state.tokens += 1
+        verdict = state.detector.feed(text, tokens=1)
+        state.chars += len(text)
+        if verdict is None or state.verdict is not None:
+            return None
+        state.verdict = verdict
+        state.trigger_text = text
+        if self.mode != "enforce":
+            state.action = "observed"
+            return None
+        state.action = "aborted"
+        self.aborted = True
+        self.done = True
+        return verdict
+
     # ------------------------------------------------------------------ streaming
     def feed(self, data: bytes) -> bytes:
         """Bytes to send the client for this upstream read (possibly empty)."""

@@ -154,24 +154,13 @@ class _Messages:
         state = guard.choices.get(0) or guard.new_block(0)
         if state.ended:
             return raw
-        guard.first_content = True
         if guard.policy.collect:
             index = obj.get("index")
             block = index if type(index) is int else 0
             state.pieces.append((state.chars, Piece(delta["type"], text, block)))
-        state.tokens += 1
-        verdict = state.detector.feed(text, tokens=1)
-        state.chars += len(text)
-        if verdict is None or state.verdict is not None:
+        verdict = guard.feed_text(state, text)
+        if verdict is None:
             return raw
-        state.verdict = verdict
-        state.trigger_text = text
-        if guard.mode != "enforce":
-            state.action = "observed"
-            return raw
-        state.action = "aborted"
-        guard.aborted = True
-        guard.done = True
         state.ended = True
         state.finish_reason = guard.policy.abort_finish_reason
         return raw + self._abort_tail(guard, state, verdict)

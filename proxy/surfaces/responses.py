@@ -152,20 +152,9 @@ class _Responses:
         item_state.texts.setdefault(key, []).append(text)
         if not text:
             return raw
-        guard.first_content = True
-        state.tokens += 1
-        verdict = state.detector.feed(text, tokens=1)
-        state.chars += len(text)
-        if verdict is None or state.verdict is not None:
+        verdict = guard.feed_text(state, text)
+        if verdict is None:
             return raw
-        state.verdict = verdict
-        state.trigger_text = text
-        if guard.mode != "enforce":
-            state.action = "observed"
-            return raw
-        state.action = "aborted"
-        guard.aborted = True
-        guard.done = True
         reason = guard.policy.abort_finish_reason
         for st in guard.choices.values():
             if not st.ended:
