@@ -59,6 +59,7 @@ def test_responses_healthy_answer_is_the_engines(
         "max_output_tokens": 32,
         **RESPONSES_GREEDY,
     }
+    oa(vllm_engine, sdks).responses.create(**kw)  # fills the prefix cache: see test_vllm.py
     direct = oa(vllm_engine, sdks).responses.create(**kw)
     guarded = oa(proxy, sdks).responses.create(**kw)
     assert direct.output_text
@@ -93,6 +94,7 @@ def test_messages_healthy_answer_is_the_engines(
         "max_tokens": 32,
         **MESSAGES_GREEDY,
     }
+    an(vllm_engine, sdks).messages.create(**kw)  # fills the prefix cache: see test_vllm.py
     direct = an(vllm_engine, sdks).messages.create(**kw)
     guarded = an(proxy, sdks).messages.create(**kw)
     assert direct.content[0].text  # type: ignore[union-attr]

@@ -1,9 +1,10 @@
-"""GUARD_REQUEST_LOGPROBS against real vLLM-CPU: the client's stream is byte for byte the one it
-gets without the signal (only the per-request ``id`` and ``created`` differ between two
-requests), while the detector really receives the engine's log-probabilities."""
+"""GUARD_REQUEST_LOGPROBS against real vLLM-CPU: the client's stream is byte for byte the
+engine's own stream for that request with the log-probabilities the proxy asked for taken out
+(what the engine sends without them), while the detector really receives them."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -11,6 +12,7 @@ import httpx
 import pytest
 
 from tests.e2e.support import ProxyFactory, Server, metric_values
+from tests.e2e.tap import ByteTap, event_stream_bodies
 
 pytestmark = pytest.mark.e2e
 
@@ -33,6 +35,44 @@ CHAT = {
 COMPLETIONS = {"prompt": "The three primary colours are", "max_tokens": 32, "temperature": 0}
 
 
+def _edit(text: str, key: str, replacement: str | None) -> str:
+    """Replace each ``"key":VALUE`` in one event's JSON by ``"key":replacement``, or drop the
+    member (with its leading comma) when ``replacement`` is None; the other bytes are kept."""
+    decoder = json.JSONDecoder()
+    out, pos = [], 0
+    while (found := text.find(f'"{key}":', pos)) != -1:
+        start = found + len(key) + 3
+        _, end = decoder.raw_decode(text, start)
+        if replacement is None:
+            out.append(text[pos : found - 1])  # the comma before the member
+        else:
+            out += [text[pos:start], replacement]
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def as_asked(engine_body: bytes, *, usage_asked: bool) -> bytes:
+    """The engine's stream as a client that asked for neither logprobs nor per-chunk usage gets
+    it from vLLM: ``"logprobs":null`` in each choice, no usage on the chunks, and the
+    final usage-only chunk only when the client asked for ``include_usage``. The proxy asks the
+    engine for both (logprobs for the detector, continuous usage for exact token counts)."""
+    events = []
+    for event in engine_body.decode().split("\n\n")[:-1]:
+        data = event.removeprefix("data: ")
+        if data != "[DONE]":
+            chunk = json.loads(data)
+            if not chunk["choices"]:
+                if not usage_asked:
+                    continue
+            else:
+                # chat omits the member, completions sends ``"usage":null``
+                usage = "null" if chunk["object"] == "text_completion" else None
+                data = _edit(_edit(data, "logprobs", "null"), "usage", usage)
+        events.append(f"data: {data}\n\n")
+    return "".join(events).encode()
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [
@@ -42,19 +82,29 @@ COMPLETIONS = {"prompt": "The three primary colours are", "max_tokens": 32, "tem
     ],
     ids=["chat", "chat-usage", "completions"],
 )
-def test_client_stream_is_identical_with_and_without_the_signal(
+def test_client_stream_is_the_engines_without_the_signal(
     vllm_engine: Server, start_proxy: ProxyFactory, model_name: str, path: str, body: Any
 ) -> None:
-    plain = start_proxy(vllm_engine, request_logprobs=False)
-    signal = start_proxy(vllm_engine, request_logprobs=True)
+    """Compared with the engine's bytes for the *same* request, recorded by a tap: two separate
+    requests may legitimately differ (vLLM-CPU's arithmetic can pick another greedy token)."""
     body = {**body, "model": model_name}
-    # The first run of a prompt fills vLLM's prefix cache; bf16 arithmetic on the cached and
-    # uncached paths can pick a different greedy token, so both compared runs come after it.
-    raw_stream(plain, path, body)
-    without = raw_stream(plain, path, body)
-    with_signal = raw_stream(signal, path, body)
-    assert b'"logprobs":null' in without
-    assert with_signal == without
+    plain = start_proxy(vllm_engine, request_logprobs=False)
+    assert b'"logprobs":null' in raw_stream(plain, path, body)
+    tap = ByteTap(vllm_engine.url)
+    try:
+        signal = start_proxy(tap.url, request_logprobs=True)
+        with httpx.stream("POST", signal.url + path, json=body, timeout=300) as resp:
+            assert resp.status_code == 200
+            received = resp.read()
+        streams = [b for answer in tap.answers() for b in event_stream_bodies(answer)]
+    finally:
+        tap.close()
+    assert len(streams) == 1
+    engine = streams[0]
+    assert b'"logprobs":{' in engine  # the engine really was asked for the signal
+    assert received.endswith(b"data: [DONE]\n\n")
+    usage_asked = bool(body.get("stream_options", {}).get("include_usage"))
+    assert received == as_asked(engine, usage_asked=usage_asked)
 
 
 def test_a_client_that_asked_for_logprobs_still_gets_them(
