@@ -19,6 +19,7 @@ from proxy.asgi import (
     MAY_OVERRIDE,
     REQUEST_ID,
     ClientGone,
+    Message,
     Receive,
     Scope,
     Send,
@@ -45,7 +46,7 @@ from proxy.relay import GuardPolicy, Mode, StreamGuard
 from proxy.rewrite import Rewrite, rewrite_request
 from proxy.sse import DONE_EVENT, encode_data
 from proxy.state import Proxy
-from proxy.surfaces import messages
+from proxy.surfaces import messages, via_chat
 from proxy.upstream_http import Response as UpstreamResponse
 from proxy.usage_options import names_usage_option
 
@@ -106,18 +107,46 @@ class Guarded:
             return
 
         opts = body.get("stream_options") if isinstance(body, dict) else None
+        chat = self._via_chat(rw) if mode == "heal" else None
+        if isinstance(chat, Rewrite):
+            # Heal on Responses/Messages: the chat route serves it, the surface's protocol is
+            # written on the way out (proxy.surfaces.via_chat).
+            out = via_chat.writer(self.endpoint, rw.body, proxy.settings.abort_finish_reason)
+            send = SurfaceSend(send, out)
         call = _GuardedCall(proxy, scope, send, self.endpoint, rw, mode, headers, started)
         call.heal = self.heal
         call.client_body = body
         call.client_continuous = (
             isinstance(opts, dict) and opts.get("continuous_usage_stats") is True
         )
+        if isinstance(chat, Rewrite):
+            call.rw = chat
+            call.protocol = "chat"
+            call.upstream_path = wire_path("/v1/chat/completions")
+            call.client_continuous = True  # the writer reads input tokens from the first chunk
+            call.convert = self._via_chat
         watch = call.watch
         try:
             await watched(receive, send, call.run, watch, proxy.bounds, call.deadline)
         finally:
             # Also after a bug in the relay: gauges and records stay balanced.
             call.finish(client_gone=watch.gone)
+
+    def _via_chat(self, rw: Rewrite) -> Rewrite | str | None:
+        """The chat form of a Responses/Messages request in heal mode (a reason string when the
+        request needs its native route; ``None`` on chat and completions)."""
+        if self.endpoint not in ("responses", "messages"):
+            return None
+        policy = self.proxy.policy
+        chat = via_chat.to_chat(
+            self.endpoint,
+            rw,
+            usage=self.proxy.usage_options.wanted() and policy.request_usage,
+            logprobs=policy.request_logprobs,
+        )
+        if isinstance(chat, str):
+            log.debug("heal on %s relayed natively as enforce (%s)", self.endpoint, chat)
+        return chat
 
     def _mode(self, scope: Scope, headers: dict[bytes, bytes]) -> Mode:
         settings = self.proxy.settings
@@ -193,6 +222,12 @@ class _GuardedCall:
         self.scope = scope
         self.send = send
         self.endpoint: Endpoint = endpoint
+        #: The protocol the engine speaks for this call: the route's, or ``chat`` when a
+        #: Responses/Messages request is healed through the chat route.
+        self.protocol: Endpoint = endpoint
+        self.upstream_path = wire_path(scope["path"])
+        #: Turns a rewritten surface request into its chat form (heal through chat).
+        self.convert: Callable[[Rewrite], Rewrite | str | None] | None = None
         self.rw = rw
         self.mode: Mode = mode
         self.headers = headers
@@ -228,7 +263,7 @@ class _GuardedCall:
 
     async def _open(self) -> UpstreamResponse | None:
         proxy = self.proxy
-        path = wire_path(self.scope["path"])
+        path = self.upstream_path
         headers = self._upstream_headers()
         for attempt in range(2):
             try:
@@ -251,6 +286,10 @@ class _GuardedCall:
                     self.rw = rewrite_request(
                         self.client_body, self.endpoint, proxy.policy, usage_options=False
                     )
+                    if self.convert is not None:
+                        chat = self.convert(self.rw)
+                        assert isinstance(chat, Rewrite)  # the same request converted before
+                        self.rw = chat
                     continue
                 upstream_failed(proxy, "status", resp.status_code)
                 await self._relay_body(resp, body)
@@ -346,10 +385,10 @@ class _GuardedCall:
     def _make_guard(self) -> StreamGuard:
         mode = self.mode
         heal = mode == "heal"
-        if heal and unhealable(self.endpoint, self.rw.body, self.rw.n) is not None:
+        if heal and unhealable(self.protocol, self.rw.body, self.rw.n) is not None:
             mode, heal = "enforce", False  # no way to continue this answer: end it as enforce
         policy = GuardPolicy.for_request(
-            self.endpoint,
+            self.protocol,
             self.rw,
             mode,
             abort_finish_reason=self.proxy.settings.abort_finish_reason,
@@ -408,11 +447,11 @@ class _GuardedCall:
         one (the failure is counted and logged; the client gets enforce's ending instead)."""
         nxt = guard.continuation()
         body = continuation_request(
-            self.rw.body, self.endpoint, nxt.carry.prefix, remaining, nxt.attempt, self.heal
+            self.rw.body, self.protocol, nxt.carry.prefix, remaining, nxt.attempt, self.heal
         )
         try:
             resp = await self.proxy.fast.post(
-                wire_path(self.scope["path"]), self._upstream_headers(), orjson.dumps(body)
+                self.upstream_path, self._upstream_headers(), orjson.dumps(body)
             )
         except UpstreamFailure as exc:
             upstream_failed(self.proxy, exc.kind)
@@ -460,7 +499,7 @@ class _GuardedCall:
             err = guard.error
             code = err.get("code")
             status = code if isinstance(code, int) and 400 <= code < 600 else 502
-            if self.endpoint == "messages":
+            if self.protocol == "messages":
                 error = anthropic_error_object(err)
                 rid = self.scope.get(REQUEST_ID)
                 body = orjson.dumps({"type": "error", "error": error, "request_id": rid})
@@ -536,7 +575,7 @@ class _GuardedCall:
             guard = self.guard
             if guard is not None and self.rw.client_stream:
                 out = guard.upstream_failed(error)
-            elif self.endpoint == "messages":
+            elif self.protocol == "messages":
                 out = messages.error_event(error)
             else:
                 out = encode_data(error.to_json()) + DONE_EVENT
@@ -610,6 +649,52 @@ class _GuardedCall:
                 v.onset_char,
                 extra,
             )
+
+
+class SurfaceSend:
+    """``send`` for a Responses/Messages request served through the chat route: what the chat
+    relay writes goes to the client in the surface's protocol (:mod:`proxy.surfaces.via_chat`).
+
+    A streamed 200 is converted event by event as it goes; any other answer (a non-streamed
+    answer, an error) is held until complete, converted once and sent with its new length.
+    """
+
+    __slots__ = ("_held", "_send", "_start", "_stream", "_writer")
+
+    def __init__(self, send: Send, writer: via_chat.Writer) -> None:
+        self._send = send
+        self._writer = writer
+        self._stream = False
+        self._start: Message | None = None
+        self._held: list[bytes] = []
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self._stream = message["status"] == 200 and _is_sse(message.get("headers", []))
+            if self._stream:
+                await self._send(message)
+            else:
+                self._start = message
+            return
+        if message["type"] != "http.response.body":
+            await self._send(message)
+            return
+        body = message.get("body", b"")
+        more = message.get("more_body", False)
+        if self._stream:
+            out = self._writer.stream(body) if body else b""
+            if out or not more:
+                await self._send({"type": "http.response.body", "body": out, "more_body": more})
+            return
+        self._held.append(body)
+        if more:
+            return
+        start = self._start or {"type": "http.response.start", "status": 502, "headers": []}
+        out = self._writer.answer(start["status"], b"".join(self._held))
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        headers.append((b"content-length", str(len(out)).encode()))
+        await self._send({**start, "headers": headers})
+        await self._send({"type": "http.response.body", "body": out})
 
 
 def _is_sse(headers: list[tuple[bytes, bytes]]) -> bool:

@@ -83,8 +83,9 @@ def unhealable(endpoint: Endpoint, body: dict[str, Any], n: int) -> str | None:
     """Why this request cannot be healed (``None``: it can). Such requests are relayed as
     ``enforce`` would relay them.
 
-    Only chat and completions have a way to continue a text (Responses and Messages do not
-    forward ``continue_final_message``); ``n > 1`` would need one continuation per choice with
+    Only chat and completions have a way to continue a text (Responses and Messages requests
+    are healed through the chat route when :mod:`proxy.surfaces.via_chat` can express them,
+    and reach this check as chat); ``n > 1`` would need one continuation per choice with
     the others held back meanwhile; a completions prompt must be one string (token ids cannot
     be extended with text, and several prompts are several answers); ``echo`` would repeat the
     extended prompt.

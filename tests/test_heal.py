@@ -535,26 +535,6 @@ def test_a_healthy_answer_in_heal_mode_is_byte_identical(
     assert via_proxy == direct
 
 
-def test_responses_and_messages_in_heal_mode_end_as_enforce(
-    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
-) -> None:
-    """No continuation of the final message on these routes: heal falls back to enforce's
-    ending there (one request each, the answer cut and marked by the guard)."""
-    fake_upstream.script = Script(texts=[LOOPING])
-    base = proxy_server(mode="heal")
-    responses = httpx.post(
-        base + "/v1/responses", json={"model": "m", "input": "Tell me.", "stream": False}
-    ).json()
-    assert responses["status"] == "incomplete"
-    assert responses["incomplete_details"]["guard"]["action"] == "aborted"
-    messages = httpx.post(
-        base + "/v1/messages",
-        json={"model": "m", "max_tokens": 1000, "messages": MESSAGES},
-    ).json()
-    assert messages["guard"]["action"] == "aborted"
-    assert len(fake_upstream.guarded_requests()) == 2
-
-
 def test_the_engine_loop_stop_in_a_continuation_is_not_a_heal(
     fake_upstream: FakeVLLM, proxy_server: ProxyFactory
 ) -> None:
