@@ -119,3 +119,12 @@ def start_proxy() -> Iterator[ProxyFactory]:
     yield factory
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def sdks() -> Iterator[list[Any]]:
+    """SDK clients a test made (``test_surfaces.oa``/``an``), closed after it."""
+    made: list[Any] = []
+    yield made
+    for client in made:
+        client.close()

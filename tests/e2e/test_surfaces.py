@@ -9,7 +9,6 @@ engine stops generating within a second.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -26,14 +25,6 @@ SHORT_PROMPT = "Say hello in five words."
 #: fields only through extra_body.
 RESPONSES_GREEDY: dict[str, Any] = {"temperature": 0, "extra_body": {"repetition_penalty": 1.0}}
 MESSAGES_GREEDY: dict[str, Any] = {"extra_body": {"temperature": 0}}
-
-
-@pytest.fixture
-def sdks() -> Iterator[list[Any]]:
-    made: list[Any] = []
-    yield made
-    for client in made:
-        client.close()
 
 
 def oa(server: Server, made: list[Any]) -> openai.OpenAI:
