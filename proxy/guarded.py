@@ -604,9 +604,7 @@ class _GuardedCall:
             )
             choices = []
             model = self.rw.model or "unknown"
-        proxy.metrics.record_generation(
-            GenerationRecord(model=model, endpoint=self.endpoint, outcome=outcome, choices=choices)
-        )
+        # Heal counts first: a generation recorded means its heal counts are there too.
         if isinstance(guard, HealGuard) and (guard.attempt > 0 or guard.gave_up):
             proxy.metrics.heal_finished(
                 model,
@@ -622,6 +620,9 @@ class _GuardedCall:
                 guard.attempt,
                 guard.discarded_tokens(),
             )
+        proxy.metrics.record_generation(
+            GenerationRecord(model=model, endpoint=self.endpoint, outcome=outcome, choices=choices)
+        )
         if guard is not None and (guard.aborted or any(c.action for c in guard.choices.values())):
             self._log_detections(guard, model)
         proxy.metrics.request_finished(

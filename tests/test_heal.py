@@ -56,16 +56,16 @@ def looping_then_healthy(fake: FakeVLLM, *, completions: bool = False) -> None:
     ]
 
 
-def recorded(metrics: Metrics, name: str) -> float | None:
+def recorded(metrics: Metrics, name: str, endpoint: str = "chat") -> float | None:
     """``name`` for model m once the proxy recorded the request (it does so after the last byte,
     so a fast client can read the answer first)."""
     q = metrics.quality_registry
     deadline = time.monotonic() + 5
     while q.get_sample_value(
-        "guard_generations_total", {"model": "m", "endpoint": "chat", "outcome": "completed"}
+        "guard_generations_total", {"model": "m", "endpoint": endpoint, "outcome": "completed"}
     ) is None and (
         q.get_sample_value(
-            "guard_generations_total", {"model": "m", "endpoint": "chat", "outcome": "aborted"}
+            "guard_generations_total", {"model": "m", "endpoint": endpoint, "outcome": "aborted"}
         )
         is None
     ):
@@ -323,7 +323,7 @@ def test_openai_sync_stream_is_one_healed_response(
     assert cont["max_tokens"] == 1000 - len(tokenize(INTRO.rstrip()))
     assert sent[0].disconnected is not None  # the looping generation was closed at the engine
     q = metrics.quality_registry
-    assert q.get_sample_value("guard_heals_total", {"model": "m"}) == 1
+    assert recorded(metrics, "guard_heals_total") == 1
     assert q.get_sample_value("guard_heal_attempts_total", {"model": "m"}) == 1
     assert q.get_sample_value("guard_heal_successes_total", {"model": "m"}) == 1
     assert (

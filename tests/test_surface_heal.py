@@ -22,7 +22,7 @@ from proxy.metrics import Metrics
 from proxy.rewrite import RewritePolicy, rewrite_request
 from proxy.surfaces import via_chat
 from tests.fakes.vllm import FakeVLLM, Script
-from tests.test_heal import ENDING, INTRO, LOOPING, MESSAGES, looping_then_healthy
+from tests.test_heal import ENDING, INTRO, LOOPING, MESSAGES, looping_then_healthy, recorded
 
 ProxyFactory = Callable[..., str]
 HEALED = INTRO.rstrip() + ENDING
@@ -306,10 +306,9 @@ def test_messages_sdk_stream_is_healed(fake_upstream: FakeVLLM, proxy_server: Pr
     assert sent[0].json["messages"] == MESSAGES and sent[0].json["max_tokens"] == 1000
     assert sent[1].json["messages"][-1] == {"role": "assistant", "content": INTRO.rstrip()}
     assert sent[0].disconnected is not None  # the loop was closed at the engine
-    q = metrics.quality_registry
+    assert recorded(metrics, "guard_heal_successes_total", "messages") == 1
     labels = {"model": "m", "endpoint": "messages", "outcome": "completed"}
-    assert q.get_sample_value("guard_generations_total", labels) == 1
-    assert q.get_sample_value("guard_heal_successes_total", {"model": "m"}) == 1
+    assert metrics.quality_registry.get_sample_value("guard_generations_total", labels) == 1
 
 
 def test_no_byte_of_the_loop_reaches_a_messages_or_responses_client(

@@ -13,6 +13,7 @@ the same way for every mode, so times compare across modes but are not single-st
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,13 +27,17 @@ from tests.e2e.support import GREEDY, ProxyFactory, Server, record_figure, strea
 pytestmark = pytest.mark.e2e
 
 LANGUAGES = ("English", "Italian", "French", "Spanish", "German", "Portuguese")
-LENGTHS = (50, 60, 75, 80, 100)
+#: ``COHERENCE_GUARD_E2E_HEAL_SET=fit`` measures stories short enough for the budget (run by
+#: hand, see the README): there a healed answer can end with ``stop``. CI runs the default,
+#: stories far longer than the budget, which loop more reliably and sooner.
+FIT = os.environ.get("COHERENCE_GUARD_E2E_HEAL_SET", "long") == "fit"
+LENGTHS = (3, 4, 5, 6, 8) if FIT else (50, 60, 75, 80, 100)
 PROMPTS = [
     f"Write a {n}-paragraph story in {language}, numbering each paragraph"
     for language in LANGUAGES
     for n in LENGTHS
 ]
-MAX_TOKENS = 384
+MAX_TOKENS = 1024 if FIT else 384
 CONCURRENCY = 6
 HITS = "vllm:prefix_cache_hits_total"
 QUERIES = "vllm:prefix_cache_queries_total"
@@ -147,7 +152,7 @@ def test_heal_turns_real_loops_into_finished_answers(
             for a in healed[:3]
         ],
     }
-    record_figure("vllm_heal", figures)
+    record_figure("vllm_heal_fit" if FIT else "vllm_heal", figures)
 
     assert len(looping) >= 10, figures  # the prompts really loop greedily
     # Most loops end with no second verdict. (A prompt that looped in enforce may not loop in
