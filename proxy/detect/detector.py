@@ -22,7 +22,7 @@ from collections import deque
 from typing import Any
 
 from proxy.detect.diversity import compression_ratio, distinct_ratio, words_of
-from proxy.detect.drift import LanguageDrift, code_like
+from proxy.detect.drift import LanguageDrift, code_like, source_like
 from proxy.detect.ending import final_drift, final_flood, final_loop
 from proxy.detect.entropy import EntropyWindow, token_entropy
 from proxy.detect.lines import LineLoop
@@ -218,12 +218,15 @@ class Detector:
         return raw_at + (norm_abs - norm_at)
 
     def _structured_context(self) -> bool:
-        """Inside fenced code, a Markdown table or JSON output repetition is expected."""
+        """Inside fenced code, unfenced source code, a Markdown table or JSON output repetition
+        is expected."""
         if self.structured or self._json_like or self._fences % 2 == 1:
             return True
         tail = self._raw[-300:]
         lines = [ln for ln in tail.split("\n")[-4:] if ln.strip()]
-        return len(lines) >= 2 and all(ln.lstrip().startswith("|") for ln in lines[-2:])
+        if len(lines) >= 2 and all(ln.lstrip().startswith("|") for ln in lines[-2:]):
+            return True
+        return self._fences == 0 and source_like(self._raw[-1200:])
 
     def _check(self, *, final: bool) -> Verdict | None:
         new = self._append(final)

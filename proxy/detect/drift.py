@@ -40,6 +40,28 @@ def code_like(text: str) -> bool:
     return len(_CODE_SYMBOLS.findall(text)) > 0.03 * len(text)
 
 
+# A line of source code, as opposed to a line of prose or Markdown: a preprocessor directive, a
+# comment opener or a decorator at its start; a statement's or block's end, or a list item's
+# comma, at its end; or an identifier_with_underscores or a hex literal anywhere. Markdown
+# headings (``# Title``) and bullets (``* item``) are not code.
+_SOURCE_LINE = re.compile(
+    r"^\s*(?:#[a-z]|//|/\*|@[A-Za-z])"
+    r"|[{}();=<>\[\]\\,:]\s*(?:(?://|#|/\*).*)?$"
+    r"|\b[A-Za-z][A-Za-z0-9]*_[A-Za-z0-9_]*|\b0x[0-9A-Fa-f]+\b"
+)
+
+
+def source_like(text: str) -> bool:
+    """Unfenced source code (a code completion, a header, a data table): at least two thirds of
+    the last (up to) 12 non-empty lines, and at least 4, look like code. Such text repeats its
+    structure by design (declarations, enumerations, tables) and is judged like fenced code."""
+    lines = [ln for ln in text.split("\n")[-13:] if ln.strip()][-12:]
+    if len(lines) < 4:
+        return False
+    code = sum(1 for ln in lines if _SOURCE_LINE.search(ln))
+    return 3 * code >= 2 * len(lines)
+
+
 def same_language(a: str, b: str) -> bool:
     return a == b or b in _GROUP.get(a, ())
 

@@ -93,13 +93,17 @@ def test_memory_is_bounded_by_the_window() -> None:
 
 
 def test_structured_output_relaxes_repetition() -> None:
-    """Eight records that differ only in their id: a loop in prose, data in JSON output."""
+    """Eight records that differ only in their id: a loop in prose, data in JSON output (asked
+    for, opening with a bracket, or plainly source-like lines)."""
     row = '{"id": %d, "name": "item", "status": "active", "tags": ["a", "b"]},\n'
     rows = "".join(row % i for i in range(1, 9))
     text = "Here are the records you asked for:\n" + rows
-    assert stream(text).verdict is not None
+    line = "Record %d is the item whose status is active, with the tags a and b.\n"
+    prose = "Here are the records you asked for:\n" + "".join(line % i for i in range(1, 9))
+    assert stream(prose).verdict is not None
     assert stream(text, structured=True).verdict is None
     assert stream("[\n" + rows).verdict is None  # output that opens with a bracket is JSON
+    assert stream(text).verdict is None  # lines of code/data, unfenced
 
 
 def test_types_module_re_exports_the_detector() -> None:
