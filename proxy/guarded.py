@@ -108,12 +108,14 @@ class Guarded:
 
         opts = body.get("stream_options") if isinstance(body, dict) else None
         chat = self._via_chat(rw) if mode == "heal" else None
+        answer: Send = send
         if isinstance(chat, Rewrite):
             # Heal on Responses/Messages: the chat route serves it, the surface's protocol is
-            # written on the way out (proxy.surfaces.via_chat).
+            # written on the way out (proxy.surfaces.via_chat). ``watched`` keeps the server's
+            # own send, through which it aborts a client that stopped reading.
             out = via_chat.writer(self.endpoint, rw.body, proxy.settings.abort_finish_reason)
-            send = SurfaceSend(send, out)
-        call = _GuardedCall(proxy, scope, send, self.endpoint, rw, mode, headers, started)
+            answer = SurfaceSend(send, out)
+        call = _GuardedCall(proxy, scope, answer, self.endpoint, rw, mode, headers, started)
         call.heal = self.heal
         call.client_body = body
         call.client_continuous = (

@@ -17,6 +17,7 @@ import pytest
 
 from proxy.app import create_app
 from proxy.bounds import Bounds, Watch
+from proxy.detect import DetectorConfig
 from proxy.metrics import Metrics
 from proxy.settings import load_settings
 from tests.conftest import ProxyServer
@@ -102,6 +103,7 @@ def test_the_deadline_spares_a_request_that_is_finishing() -> None:
         ("off", "/v1/chat/completions"),
         ("monitor", "/v1/chat/completions"),
         ("enforce", "/inference/v1/generate"),  # pass-through: the same bound
+        ("heal", "/v1/messages"),  # served through the chat route, written as Messages
     ],
 )
 def test_a_client_that_stops_reading_is_dropped_and_the_engine_freed(
@@ -123,7 +125,15 @@ def test_a_client_that_stops_reading_is_dropped_and_the_engine_freed(
         mode=mode,
         client_write_timeout=timeout,
     )
-    server = ProxyServer(create_app(settings, metrics=metrics))
+    # VARIED is a counter loop to the detector ("tokenN-x…"): where a verdict would end the
+    # stream (heal) the signals are off, since the bound is what this test is about.
+    quiet = None
+    if mode == "heal":
+        quiet = DetectorConfig(
+            repetition=False, line_loop=False, ngram=False, diversity=False, script=False,
+            language_drift=False, entropy=False, compression=False, end_judgement=False,
+        )  # fmt: skip
+    server = ProxyServer(create_app(settings, metrics=metrics, detector_config=quiet))
     server.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
     server_errors = _Messages()
     logging.getLogger("uvicorn.error").addHandler(server_errors)
@@ -131,6 +141,8 @@ def test_a_client_that_stops_reading_is_dropped_and_the_engine_freed(
     request = {**CHAT, "stream": True, "max_tokens": 100_000}
     if path == "/inference/v1/generate":
         request = {"model": "m", "input": "hi", "stream": True}
+    if path == "/v1/messages":
+        request = {"model": "m", "max_tokens": 30_000, "messages": CHAT["messages"], "stream": True}
     body = orjson.dumps(request)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

@@ -423,3 +423,18 @@ def test_an_engine_error_reaches_a_messages_client_in_anthropics_envelope(
     with pytest.raises(anthropic.BadRequestError) as caught:
         client.messages.create(model="m", max_tokens=1000, messages=MESSAGES)  # type: ignore[arg-type]
     assert "maximum context length" in str(caught.value)
+
+
+def test_a_messages_stream_past_the_deadline_ends_with_anthropics_error_event(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+) -> None:
+    fake_upstream.script = Script(texts=[" ".join(f"w{i}" for i in range(40))], chunk_delay=0.1)
+    base = proxy_server(mode="heal", request_deadline=0.6)
+    body = {"model": "m", "max_tokens": 1000, "messages": MESSAGES, "stream": True}
+    events = named_events(httpx.post(base + "/v1/messages", json=body).content)
+    assert events[0]["type"] == "message_start"
+    assert events[-1] == {
+        "type": "error",
+        "error": {"type": "timeout_error", "message": events[-1]["error"]["message"]},
+    }
+    assert "time limit" in events[-1]["error"]["message"]
