@@ -129,6 +129,7 @@ def test_responses_become_chat_with_instructions_as_the_system_message() -> None
         ),
         ("responses", {"tools": [{"type": "function", "name": "f"}]}, "field:tools"),
         ("responses", {"previous_response_id": "resp_1"}, "field:previous_response_id"),
+        ("responses", {"store": True}, "field:store"),
         ("responses", {"reasoning": {"effort": "low"}}, "field:reasoning"),
         ("responses", {"text": {"format": {"type": "json_object"}}}, "field:text"),
         ("responses", {"input": [{"type": "function_call_output", "output": "1"}]}, "input"),

@@ -74,6 +74,11 @@ def to_chat(endpoint: Endpoint, rw: Rewrite, *, usage: bool, logprobs: bool) -> 
     """The chat form of ``rw`` (a rewritten Responses or Messages request), or why there is
     none (a short reason, for the log and the ``unhealable`` counter)."""
     body = rw.body
+    if endpoint == "responses" and body.get("store") is True:
+        # A stored response is one a later request may name (previous_response_id); a healed
+        # answer is never stored by the engine, so a client that asks for storage keeps the
+        # native route. (vLLM stores nothing unless VLLM_ENABLE_RESPONSES_API_STORE is set.)
+        return "field:store"
     for key, value in body.items():
         if key in _INERT[endpoint] or key in _SAMPLING[endpoint]:
             continue
