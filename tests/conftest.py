@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import anthropic
+import openai
 import pytest
 import uvicorn
 
@@ -174,3 +176,29 @@ def canned_engine() -> Iterator[Callable[[bytes], CannedEngine]]:
     yield start
     for engine in engines:
         engine.close()
+
+
+class Clients:
+    """The official SDKs pointed at a proxy; every client made is closed after the test."""
+
+    def __init__(self) -> None:
+        self.made: list[openai.OpenAI | anthropic.Anthropic] = []
+
+    def openai(self, base: str) -> openai.OpenAI:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="k", max_retries=0)
+        self.made.append(client)
+        return client
+
+    def anthropic(self, base: str) -> anthropic.Anthropic:
+        # An explicit timeout: the SDK refuses large non-streamed max_tokens without one.
+        client = anthropic.Anthropic(base_url=base, api_key="k", max_retries=0, timeout=30)
+        self.made.append(client)
+        return client
+
+
+@pytest.fixture
+def sdk() -> Iterator[Clients]:
+    clients = Clients()
+    yield clients
+    for client in clients.made:
+        client.close()

@@ -30,6 +30,7 @@ from proxy.heal import (
 )
 from proxy.metrics import Metrics
 from proxy.relay import GuardPolicy
+from tests.conftest import Clients
 from tests.fakes.vllm import FakeVLLM, Script, tokenize
 
 ProxyFactory = Callable[..., str]
@@ -286,13 +287,11 @@ def test_the_window_runs_the_stated_number_of_text_chunks_behind() -> None:
 
 
 def test_openai_sync_stream_is_one_healed_response(
-    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory, sdk: Clients
 ) -> None:
     looping_then_healthy(fake_upstream)
     metrics = Metrics()
-    client = openai.OpenAI(
-        base_url=proxy_server(mode="heal", metrics=metrics) + "/v1", api_key="k", max_retries=0
-    )
+    client = sdk.openai(proxy_server(mode="heal", metrics=metrics))
     chunks = list(
         client.chat.completions.create(
             model="m",
@@ -351,10 +350,10 @@ def test_no_byte_of_the_discarded_loop_reaches_the_client(
 
 
 def test_openai_sync_non_stream_answers_the_healed_text(
-    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory, sdk: Clients
 ) -> None:
     looping_then_healthy(fake_upstream)
-    client = openai.OpenAI(base_url=proxy_server(mode="heal") + "/v1", api_key="k", max_retries=0)
+    client = sdk.openai(proxy_server(mode="heal"))
     resp = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=1000)  # type: ignore[arg-type]
     assert resp.id == "chatcmpl-first" and resp.created == 111
     assert len(resp.choices) == 1
@@ -421,7 +420,7 @@ class Person(BaseModel):
 
 
 def test_parse_accepts_a_healed_looping_json_answer(
-    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory, sdk: Clients
 ) -> None:
     """Structured-output helpers raise on an aborted answer; a healed one parses."""
     looping = '{"name": "Ada Lovelace", "bio": "' + "She wrote the notes. " * 200
@@ -429,7 +428,7 @@ def test_parse_accepts_a_healed_looping_json_answer(
         Script(texts=[looping]),
         Script(texts=['Mathematician and writer."}']),
     ]
-    client = openai.OpenAI(base_url=proxy_server(mode="heal") + "/v1", api_key="k", max_retries=0)
+    client = sdk.openai(proxy_server(mode="heal"))
     resp = client.chat.completions.parse(
         model="m",
         messages=MESSAGES,  # type: ignore[arg-type]
@@ -442,12 +441,12 @@ def test_parse_accepts_a_healed_looping_json_answer(
 
 
 def test_enforce_aborts_the_same_json_answer_and_parse_raises(
-    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory, sdk: Clients
 ) -> None:
     """The contrast heal exists for."""
     looping = '{"name": "Ada Lovelace", "bio": "' + "She wrote the notes. " * 200
     fake_upstream.script = Script(texts=[looping])
-    client = openai.OpenAI(base_url=proxy_server() + "/v1", api_key="k", max_retries=0)
+    client = sdk.openai(proxy_server())
     with pytest.raises(openai.ContentFilterFinishReasonError):
         client.chat.completions.parse(
             model="m",
@@ -486,10 +485,10 @@ def test_after_the_last_attempt_the_choice_ends_as_enforce_ends_it(
 
 
 def test_a_continuation_the_engine_refuses_ends_as_enforce(
-    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory, sdk: Clients
 ) -> None:
     fake_upstream.scripts = [Script(texts=[LOOPING]), Script(status=500)]
-    client = openai.OpenAI(base_url=proxy_server(mode="heal") + "/v1", api_key="k", max_retries=0)
+    client = sdk.openai(proxy_server(mode="heal"))
     resp = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=1000)  # type: ignore[arg-type]
     assert resp.choices[0].finish_reason == "content_filter"
     assert resp.choices[0].message.content == INTRO.rstrip()

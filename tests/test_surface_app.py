@@ -4,7 +4,7 @@ official ``openai`` and ``anthropic`` SDKs against the fake engine's recorded-sh
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import anthropic
@@ -14,6 +14,7 @@ import pytest
 
 from proxy.metrics import Metrics
 from proxy.records import GenerationRecord
+from tests.conftest import Clients
 from tests.fakes.vllm import FakeVLLM, Script
 
 ProxyFactory = Callable[..., str]
@@ -39,32 +40,6 @@ def _wait(predicate: Callable[[], bool]) -> bool:
             return False
         time.sleep(0.01)
     return True
-
-
-class Clients:
-    """The official SDKs pointed at a proxy; every client made is closed after the test."""
-
-    def __init__(self) -> None:
-        self.made: list[openai.OpenAI | anthropic.Anthropic] = []
-
-    def openai(self, base: str) -> openai.OpenAI:
-        client = openai.OpenAI(base_url=base + "/v1", api_key="k", max_retries=0)
-        self.made.append(client)
-        return client
-
-    def anthropic(self, base: str) -> anthropic.Anthropic:
-        # An explicit timeout: the SDK refuses large non-streamed max_tokens without one.
-        client = anthropic.Anthropic(base_url=base, api_key="k", max_retries=0, timeout=30)
-        self.made.append(client)
-        return client
-
-
-@pytest.fixture
-def sdk() -> Iterator[Clients]:
-    clients = Clients()
-    yield clients
-    for client in clients.made:
-        client.close()
 
 
 def assert_upstream_closed(fake: FakeVLLM) -> None:

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from proxy.metrics import Metrics
 from proxy.rewrite import RewritePolicy, rewrite_request
 from proxy.surfaces import via_chat
+from tests.conftest import Clients
 from tests.fakes.vllm import FakeVLLM, Script
 from tests.test_heal import ENDING, INTRO, LOOPING, MESSAGES, looping_then_healthy, recorded
 
@@ -291,11 +292,13 @@ def test_errors_take_the_surface_envelope() -> None:
 # ---------------------------------------------------------------- through the proxy
 
 
-def test_messages_sdk_stream_is_healed(fake_upstream: FakeVLLM, proxy_server: ProxyFactory) -> None:
+def test_messages_sdk_stream_is_healed(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory, sdk: Clients
+) -> None:
     looping_then_healthy(fake_upstream)
     metrics = Metrics()
     base = proxy_server(mode="heal", metrics=metrics)
-    client = anthropic.Anthropic(base_url=base, api_key="k", max_retries=0)
+    client = sdk.anthropic(base)
     with client.messages.stream(model="m", max_tokens=1000, messages=MESSAGES) as stream:  # type: ignore[arg-type]
         kinds = [event.type for event in stream]
         final = stream.get_final_message()
@@ -328,9 +331,11 @@ def test_no_byte_of_the_loop_reaches_a_messages_or_responses_client(
         assert len(guard) == 1
 
 
-def test_messages_sdk_create_is_healed(fake_upstream: FakeVLLM, proxy_server: ProxyFactory) -> None:
+def test_messages_sdk_create_is_healed(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory, sdk: Clients
+) -> None:
     looping_then_healthy(fake_upstream)
-    client = anthropic.Anthropic(base_url=proxy_server(mode="heal"), api_key="k", max_retries=0)
+    client = sdk.anthropic(proxy_server(mode="heal"))
     message = client.messages.create(model="m", max_tokens=1000, messages=MESSAGES)  # type: ignore[arg-type]
     assert message.content[0].text == HEALED  # type: ignore[union-attr]
     assert message.usage.input_tokens == 7 and message.usage.output_tokens > 0
@@ -338,9 +343,9 @@ def test_messages_sdk_create_is_healed(fake_upstream: FakeVLLM, proxy_server: Pr
 
 
 def test_responses_sdk_stream_and_create_are_healed(
-    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory, sdk: Clients
 ) -> None:
-    client = openai.OpenAI(base_url=proxy_server(mode="heal") + "/v1", api_key="k", max_retries=0)
+    client = sdk.openai(proxy_server(mode="heal"))
     looping_then_healthy(fake_upstream)
     with client.responses.stream(model="m", input="Tell me a story.", max_output_tokens=1000) as s:
         kinds = [event.type for event in s]
@@ -412,7 +417,7 @@ def test_requests_the_chat_form_cannot_say_end_as_enforce_on_their_own_route(
 
 
 def test_an_engine_error_reaches_a_messages_client_in_anthropics_envelope(
-    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory, sdk: Clients
 ) -> None:
     fake_upstream.script = Script(
         status=400,
@@ -420,7 +425,7 @@ def test_an_engine_error_reaches_a_messages_client_in_anthropics_envelope(
             {"error": {"message": "maximum context length is 10", "type": "BadRequestError"}}
         ),
     )
-    client = anthropic.Anthropic(base_url=proxy_server(mode="heal"), api_key="k", max_retries=0)
+    client = sdk.anthropic(proxy_server(mode="heal"))
     with pytest.raises(anthropic.BadRequestError) as caught:
         client.messages.create(model="m", max_tokens=1000, messages=MESSAGES)  # type: ignore[arg-type]
     assert "maximum context length" in str(caught.value)
