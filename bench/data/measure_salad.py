@@ -195,7 +195,8 @@ def main(dev_path: str, realgen_path: str) -> None:
         texts = [s for s in map(text_share, per) if s is not None]
         windows = [s for s in map(window_share, per) if s is not None]
         cells = [
-            f"{sum(s >= t for s in texts)}/{len(texts)} {sum(s >= t for s in windows)}/{len(windows)}"
+            f"{sum(s >= t for s in texts)}/{len(texts)}"
+            f" {sum(s >= t for s in windows)}/{len(windows)}"
             for t in _THRESHOLDS
         ]
         print(f"{name:<48}" + "".join(f"{c:>14}" for c in cells))
