@@ -135,6 +135,9 @@ def _groups(dev_path: str, realgen_path: str) -> dict[str, list[tuple[str, str]]
             (r["text"], lang) for r in dev
             if r["label"] == "healthy" and r["kind"] not in answer_kinds and r["lang"] == lang
         ]  # fmt: skip
+    groups["dev healthy answers, all of these"] = [
+        item for lang in sorted(SALAD_LANGUAGES) for item in groups[f"dev healthy answers, {lang}"]
+    ]
     groups["dev healthy technical (de es fr it nl pl pt ru)"] = [
         (r["text"], r["lang"]) for r in dev
         if r["label"] == "healthy" and r["kind"] == "technical" and r["lang"] in SALAD_LANGUAGES
