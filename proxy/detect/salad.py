@@ -24,11 +24,14 @@ are judged once with a lower bar (most salad answers are short).
 from __future__ import annotations
 
 import functools
+import gzip
+import importlib.util
 import re
 import unicodedata
 from array import array
 from bisect import bisect_left
 from collections import deque
+from pathlib import Path
 
 from proxy.detect.types import DetectorConfig
 
@@ -46,6 +49,7 @@ _EDGE_CLASS = "[" + re.escape(_EDGES) + "]*"
 _WORD = re.compile(r"(?<!\S)" + _EDGE_CLASS + "(" + _LETTERS + ")" + _EDGE_CLASS + r"(?!\S)")
 _WHOLE = re.compile(_LETTERS)
 _MAX_TOKEN = 256
+_SEEN_MAX = 50_000
 
 
 class ProseWords:
@@ -142,18 +146,61 @@ class Lexicon:
     a chance of about 10⁻¹³ per lookup.
     """
 
-    def __init__(self, words: list[list[str]]) -> None:
-        self.hashes = array("q", sorted({hash(word) for bucket in words for word in bucket}))
+    def __init__(self, hashes: array[int]) -> None:
+        self.hashes = hashes
+        # Listed words already looked up: a binary search in the array costs ~20 boxed
+        # comparisons, a set hit one, and prose repeats its common words. Only dictionary words
+        # are kept (never a stream's unknown words: names, identifiers), and at most _SEEN_MAX.
+        self._known: set[str] = set()
+
+    def unknown(self, word: str) -> bool:
+        """Whether ``word`` (lower-case) is missing from the list."""
+        if word in self._known:
+            return False
+        h = hash(word if word.isascii() else normalise(word))
+        hashes = self.hashes
+        i = bisect_left(hashes, h)
+        if i == len(hashes) or hashes[i] != h:
+            return True
+        if len(self._known) < _SEEN_MAX:
+            self._known.add(word)
+        return False
 
     def __len__(self) -> int:
         return len(self.hashes)
 
     def __contains__(self, word: object) -> bool:
-        if not isinstance(word, str):
-            return False
-        h = hash(word if word.isascii() else normalise(word))
-        i = bisect_left(self.hashes, h)
-        return i < len(self.hashes) and self.hashes[i] == h
+        return isinstance(word, str) and not self.unknown(word)
+
+
+def list_path(language: str) -> Path | None:
+    """wordfreq's large list file of ``language``, found without importing wordfreq (whose
+    import pulls in ftfy, regex and langcodes, none of which the signal needs)."""
+    spec = importlib.util.find_spec("wordfreq")
+    if spec is None or not spec.submodule_search_locations:  # pragma: no cover - a dependency
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "data"
+    path /= f"large_{language}.msgpack.gz"
+    return path if path.is_file() else None
+
+
+def read_hashes(path: Path) -> array[int]:
+    """The sorted hashes of every word of a wordfreq "cBpack" file (a gzipped msgpack list: a
+    header, then one list of words per frequency band), read one band at a time: the words of
+    a whole list as Python strings would take 60 to 120 MB at once."""
+    import msgpack
+
+    hashes: list[int] = []
+    with gzip.open(path, "rb") as fh:
+        unpacker = msgpack.Unpacker(fh, raw=False)
+        bands = unpacker.read_array_header()
+        header = unpacker.unpack()
+        if not isinstance(header, dict) or header.get("format") != "cB":
+            raise ValueError(f"{path}: not a wordfreq cBpack file")
+        for _ in range(bands - 1):
+            hashes.extend(map(hash, unpacker.unpack()))
+    hashes.sort()
+    return array("q", hashes)
 
 
 @functools.cache
@@ -163,14 +210,8 @@ def lexicon(language: str) -> Lexicon | None:
     Any language with a large list loads (the measuring script compares English too); the
     signal itself only asks for :data:`SALAD_LANGUAGES`.
     """
-    try:
-        import wordfreq
-    except ImportError:  # pragma: no cover - a dependency; without it the signal stays off
-        return None
-    path = wordfreq.available_languages("large").get(language)
-    if path is None:
-        return None
-    return Lexicon(wordfreq.read_cBpack(str(path)))
+    path = list_path(language)
+    return None if path is None else Lexicon(read_hashes(path))
 
 
 class WordSalad:
@@ -219,15 +260,11 @@ class WordSalad:
             if self._lexicon is None:  # pragma: no cover - wordfreq missing
                 self.active = False
                 return False
-        hashes = self._lexicon.hashes
-        count = len(hashes)
+        lookup = self._lexicon.unknown
         window = self._window
         size = max(1, self.config.salad_window_words)
         for word, offset in found:
-            # Lexicon.__contains__, inlined: this runs for every prose word of the stream.
-            h = hash(word if word.isascii() else normalise(word))
-            i = bisect_left(hashes, h)
-            unknown = i == count or hashes[i] != h
+            unknown = lookup(word)
             if len(window) == size:
                 self._unknown -= window.popleft()[1]
             window.append((word, unknown, offset))

@@ -20,6 +20,7 @@ from proxy.detect.salad import (
     ProseWords,
     WordSalad,
     lexicon,
+    list_path,
     normalise,
     prose_words,
 )
@@ -227,3 +228,28 @@ def test_normalisation_is_wordfreqs_own() -> None:
     for language in sorted(SALAD_LANGUAGES):
         for word in samples:
             assert normalise(word) == preprocess_text(word, language)
+
+
+@pytest.mark.parametrize("language", ["nl", "pt"])
+def test_streamed_reading_holds_every_word_of_wordfreqs_list(language: str) -> None:
+    """The lists are read band by band from wordfreq's data file, not through wordfreq: the
+    result must hold exactly the words wordfreq itself reads from that file."""
+    import wordfreq
+
+    words = lexicon(language)
+    assert words is not None
+    listed = {w for band in wordfreq.read_cBpack(str(list_path(language))) for w in band}
+    assert {hash(w) for w in listed} == set(words.hashes)
+    assert list(words.hashes) == sorted(words.hashes)
+    assert lexicon("xx") is None and list_path("xx") is None
+
+
+def test_only_dictionary_words_are_remembered_between_streams() -> None:
+    """Lookups of listed words are remembered (prose repeats them); a stream's unknown words,
+    which may be its names and identifiers, are never kept."""
+    words = lexicon("it")
+    assert words is not None
+    for _ in range(2):
+        assert words.unknown("potraciamo") and not words.unknown("riscaldamento")
+    assert "riscaldamento" in words._known
+    assert "potraciamo" not in words._known
