@@ -33,6 +33,7 @@ from proxy.detect.repetition import (
     periodic_tail,
     repeated_ngram_rate,
 )
+from proxy.detect.salad import WordSalad
 from proxy.detect.script import ScriptIntrusion
 from proxy.detect.types import DetectorConfig, Summary, Verdict
 
@@ -92,6 +93,7 @@ class Detector:
         self._checks = 0
         self._diversity_next = 0
         self._drift = LanguageDrift(cfg, self.expected_language)
+        self._salad = WordSalad(cfg, self.expected_language)
         self._entropy = EntropyWindow(cfg.entropy_window_tokens)
         self._entropy_min: float | None = None
         self._repetition_max: float | None = None
@@ -168,6 +170,11 @@ class Detector:
             found = final_drift(text[-cfg.end_drift_chars :], self.expected_language, offset=judged)
             if found is not None:
                 self._fire("language-drift", found[0], judged + found[1])
+                return
+        if self._salad.active and not self._json_like:
+            salad = self._salad.judge_end()
+            if salad is not None:
+                self._fire("salad", *salad)
 
     # -- evaluation ------------------------------------------------------------------------
 
@@ -253,6 +260,8 @@ class Detector:
             verdict = self._check_script(new)
         if verdict is None and cfg.language_drift:
             verdict = self._check_language(new, final)
+        if verdict is None and self._salad.active and not (self.structured or self._json_like):
+            verdict = self._check_salad(new, final)
         if verdict is None and cfg.entropy:
             verdict = self._check_entropy()
         return verdict
@@ -391,6 +400,10 @@ class Detector:
     def _check_language(self, new: str, final: bool) -> Verdict | None:
         found = self._drift.update(new, end=self._chars, fences=self._fences, final=final)
         return None if found is None else self._fire("language-drift", *found)
+
+    def _check_salad(self, new: str, final: bool) -> Verdict | None:
+        found = self._salad.update(new, final=final)
+        return None if found is None else self._fire("salad", *found)
 
     def _check_entropy(self) -> Verdict | None:
         cfg = self.config

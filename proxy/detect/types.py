@@ -105,6 +105,26 @@ class DetectorConfig:
     # Characters at the end of the answer the end-of-stream drift judgement reads.
     end_drift_chars: int = 2048
 
+    # Word-salad signal on/off: share of prose words missing from the expected language's
+    # wordfreq list (de, es, fr, it, nl, pl, pt, ru; only when the expected language is known).
+    salad: bool = True
+    # Recent prose words (lower-case, 4+ letters, outside code) the salad share is taken over.
+    salad_window_words: int = 60
+    # Prose words the window needs before salad is judged while streaming.
+    salad_min_words: int = 40
+    # Share of the window's words unknown to the word list at which salad holds.
+    salad_min_unknown_share: float = 0.3
+    # Distinct unknown words the window needs (a repeated name is one unknown word).
+    salad_min_distinct_unknown: int = 5
+    # Consecutive checks salad must hold before firing.
+    salad_sustain_checks: int = 2
+    # Prose words an answer needs for the end-of-stream salad judgement.
+    salad_end_min_words: int = 10
+    # Unknown share at which the end-of-stream judgement calls the last window salad.
+    salad_end_min_unknown_share: float = 0.25
+    # Distinct unknown words the end-of-stream judgement needs.
+    salad_end_min_distinct_unknown: int = 3
+
     # Entropy-collapse signal on/off (needs top_logprobs from the upstream).
     entropy: bool = True
     # Tokens over which the mean entropy is taken.
@@ -132,6 +152,7 @@ SIGNALS: tuple[str, ...] = (
     "script-intrusion",
     "language-drift",
     "entropy-collapse",
+    "salad",
 )
 
 

@@ -1,0 +1,282 @@
+"""Word salad: prose whose words are not words of the expected language.
+
+Small models write "Frankresien", "Königina", "potraciamo": invented words that mix fragments
+of related languages, in sentences fastText still calls the expected language (its character
+n-grams look right). What gives them away is the vocabulary: a reader of the language would not
+find them in any dictionary. So the signal is the share of the words a prose reader would check
+(lower-case, alphabetic, four letters or more, outside code and URLs; capitalised words are
+names) that the language's word list does not hold at all.
+
+The word lists are `wordfreq <https://pypi.org/project/wordfreq/>`_'s "large" lists (words down
+to about one in 10⁸ of running text). Only languages that have one and that were measured
+(``bench/data/measure_salad.py``, README "Word salad") are checked: the "small" lists (Turkish,
+Indonesian, Vietnamese) miss ordinary inflected forms, and English salad was never seen while its
+changelogs and copyright files are full of package names. A list is loaded once per process and
+language, on first use, and kept as a sorted array of string hashes (5 MB instead of the 60 to
+120 MB a set of the words takes).
+
+Two thresholds, as for the other signals: while streaming, a full window of recent words must
+hold the share and enough *distinct* unknown words (a package name repeated twenty times is one
+unknown word, not twenty) over consecutive checks; when the stream ends, a short answer's words
+are judged once with a lower bar (most salad answers are short).
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import importlib.util
+import re
+import unicodedata
+from array import array
+from bisect import bisect_left
+from collections import deque
+from pathlib import Path
+
+from proxy.detect.types import DetectorConfig
+
+#: Languages with a large wordfreq list whose healthy text was measured against salad.
+SALAD_LANGUAGES: frozenset[str] = frozenset({"de", "es", "fr", "it", "nl", "pl", "pt", "ru"})
+
+_TOKEN = re.compile(r"\n|[^\s]+")
+_APOSTROPHE = re.compile(r"['’]")
+# Punctuation and markup around a word ("(word),", "**word**", "«word»").
+_EDGES = "\"'“”„«»‘’‚‹›()[]{}<>.,;:!?¿¡*_~…—–-/\\|#"
+_MIN_LETTERS = 4
+_LETTERS = r"[^\W\d_]+(?:['’][^\W\d_]+)*"
+_EDGE_CLASS = "[" + re.escape(_EDGES) + "]*"
+# A whole whitespace-separated token that is letters (and inner apostrophes) inside punctuation.
+_WORD = re.compile(r"(?<!\S)" + _EDGE_CLASS + "(" + _LETTERS + ")" + _EDGE_CLASS + r"(?!\S)")
+_WHOLE = re.compile(_LETTERS)
+_MAX_TOKEN = 256
+_SEEN_MAX = 50_000
+
+
+class ProseWords:
+    """Incremental extraction of the words a prose reader would check, with their offsets.
+
+    Text arrives in arbitrary pieces; a token is only judged once the whitespace after it has
+    arrived (or the stream ends), so a word split across deltas is seen whole. Fenced code and
+    inline code are skipped, as are URLs, capitalised words (names, sentence starts), and tokens
+    with digits, underscores, dashes or dots inside (identifiers, versions, file names).
+    """
+
+    def __init__(self) -> None:
+        self._carry = ""
+        self._carry_at = 0
+        self._fenced = False
+        self._ticked = False
+
+    def feed(self, text: str, *, final: bool = False) -> list[tuple[str, int]]:
+        buf = self._carry + text
+        base = self._carry_at
+        if final or buf[-1:].isspace():
+            cut = len(buf)
+        else:
+            # The last token may go on in the next delta: keep it back.
+            cut = max(buf.rfind(" "), buf.rfind("\n"), buf.rfind("\t")) + 1
+        self._carry = buf[cut:]
+        self._carry_at = base + cut
+        if len(self._carry) > _MAX_TOKEN:
+            # No word is this long (base64, a minified line): drop it rather than keep growing.
+            self._carry_at += len(self._carry)
+            self._carry = ""
+        if self._fenced or self._ticked or buf.find("`", 0, cut) != -1:
+            return self._tokens(buf, cut, base)
+        # Fast path (no code in sight): one regular expression finds the whole-token words.
+        out: list[tuple[str, int]] = []
+        for match in _WORD.finditer(buf, 0, cut):
+            word = match.group(1)
+            if len(word) >= _MIN_LETTERS:
+                _keep(word, base + match.start(1), out)
+        return out
+
+    def _tokens(self, buf: str, cut: int, base: int) -> list[tuple[str, int]]:
+        """Token by token, following code fences and inline code."""
+        out: list[tuple[str, int]] = []
+        for match in _TOKEN.finditer(buf, 0, cut):
+            token = match.group()
+            if token == "\n":
+                self._ticked = False  # inline code does not run past a line
+                continue
+            if "```" in token:
+                if token.count("```") % 2:
+                    self._fenced = not self._fenced
+                continue
+            if self._fenced:
+                continue
+            ticks = token.count("`")
+            if ticks or self._ticked:
+                if ticks % 2:
+                    self._ticked = not self._ticked
+                continue
+            word = token.strip(_EDGES)
+            if len(word) >= _MIN_LETTERS and _WHOLE.fullmatch(word):
+                _keep(word, base + match.start() + token.find(word), out)
+        return out
+
+
+def _keep(word: str, start: int, out: list[tuple[str, int]]) -> None:
+    """Append the lower-case parts of four letters or more of ``word`` (split at apostrophes:
+    "dell'amore" is two words)."""
+    if "'" not in word and "’" not in word:
+        if word.islower() and word.isalpha():
+            out.append((word, start))
+        return
+    for part in _APOSTROPHE.split(word):
+        if len(part) >= _MIN_LETTERS and part.islower() and part.isalpha():
+            out.append((part, start + word.find(part)))
+
+
+def prose_words(text: str) -> list[str]:
+    """The words of a whole text that the signal looks at (for measurement and tests)."""
+    return [word for word, _ in ProseWords().feed(text, final=True)]
+
+
+def normalise(word: str) -> str:
+    """wordfreq's own normalisation for these languages: NFC, then case folding (ß -> ss)."""
+    return unicodedata.normalize("NFC", word).casefold()
+
+
+class Lexicon:
+    """Membership in one language's word list: a sorted array of the words' hashes.
+
+    ``hash`` of a string is salted per process, which is fine: the array is built and queried in
+    the same process. A collision between an invented word and one of ~700,000 listed words has
+    a chance of about 10⁻¹³ per lookup.
+    """
+
+    def __init__(self, hashes: array[int]) -> None:
+        self.hashes = hashes
+        # Listed words already looked up: a binary search in the array costs ~20 boxed
+        # comparisons, a set hit one, and prose repeats its common words. Only dictionary words
+        # are kept (never a stream's unknown words: names, identifiers), and at most _SEEN_MAX.
+        self._known: set[str] = set()
+
+    def unknown(self, word: str) -> bool:
+        """Whether ``word`` (lower-case) is missing from the list."""
+        if word in self._known:
+            return False
+        h = hash(word if word.isascii() else normalise(word))
+        hashes = self.hashes
+        i = bisect_left(hashes, h)
+        if i == len(hashes) or hashes[i] != h:
+            return True
+        if len(self._known) < _SEEN_MAX:
+            self._known.add(word)
+        return False
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+    def __contains__(self, word: object) -> bool:
+        return isinstance(word, str) and not self.unknown(word)
+
+
+def list_path(language: str) -> Path | None:
+    """wordfreq's large list file of ``language``, found without importing wordfreq (whose
+    import pulls in ftfy, regex and langcodes, none of which the signal needs)."""
+    spec = importlib.util.find_spec("wordfreq")
+    if spec is None or not spec.submodule_search_locations:  # pragma: no cover - a dependency
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "data"
+    path /= f"large_{language}.msgpack.gz"
+    return path if path.is_file() else None
+
+
+def read_hashes(path: Path) -> array[int]:
+    """The sorted hashes of every word of a wordfreq "cBpack" file (a gzipped msgpack list: a
+    header, then one list of words per frequency band), read one band at a time: the words of
+    a whole list as Python strings would take 60 to 120 MB at once."""
+    import msgpack
+
+    hashes: list[int] = []
+    with gzip.open(path, "rb") as fh:
+        unpacker = msgpack.Unpacker(fh, raw=False)
+        bands = unpacker.read_array_header()
+        header = unpacker.unpack()
+        if not isinstance(header, dict) or header.get("format") != "cB":
+            raise ValueError(f"{path}: not a wordfreq cBpack file")
+        for _ in range(bands - 1):
+            hashes.extend(map(hash, unpacker.unpack()))
+    hashes.sort()
+    return array("q", hashes)
+
+
+@functools.cache
+def lexicon(language: str) -> Lexicon | None:
+    """wordfreq's large list of ``language``, loaded on first use (0.1 to 0.3 s), else None.
+
+    Any language with a large list loads (the measuring script compares English too); the
+    signal itself only asks for :data:`SALAD_LANGUAGES`.
+    """
+    path = list_path(language)
+    return None if path is None else Lexicon(read_hashes(path))
+
+
+class WordSalad:
+    """Word-salad state of one stream (inactive unless the expected language is supported)."""
+
+    def __init__(self, config: DetectorConfig, expected_language: str | None) -> None:
+        self.config = config
+        self.active = config.salad and expected_language in SALAD_LANGUAGES
+        self._language = expected_language or ""
+        self._lexicon: Lexicon | None = None
+        self._words = ProseWords()
+        # (word, unknown, offset) of the most recent prose words
+        self._window: deque[tuple[str, bool, int]] = deque()
+        self._unknown = 0
+        self._streak = 0
+
+    def update(self, new: str, *, final: bool) -> tuple[float, int] | None:
+        """Take the text of one check; return (unknown share, onset) once salad holds."""
+        if not self.active:
+            return None
+        found = self._words.feed(new, final=final)
+        if not found:
+            return None
+        if not self._add(found):
+            return None
+        cfg = self.config
+        if len(self._window) < cfg.salad_min_words:
+            return None
+        judged = self._judge(cfg.salad_min_unknown_share, cfg.salad_min_distinct_unknown)
+        if judged is None:
+            self._streak = 0
+            return None
+        self._streak += 1
+        return judged if self._streak >= cfg.salad_sustain_checks else None
+
+    def judge_end(self) -> tuple[float, int] | None:
+        """At the end of the stream: the last window of words, with the end-of-stream bar."""
+        cfg = self.config
+        if not self.active or len(self._window) < cfg.salad_end_min_words:
+            return None
+        return self._judge(cfg.salad_end_min_unknown_share, cfg.salad_end_min_distinct_unknown)
+
+    def _add(self, found: list[tuple[str, int]]) -> bool:
+        if self._lexicon is None:
+            self._lexicon = lexicon(self._language)
+            if self._lexicon is None:  # pragma: no cover - wordfreq missing
+                self.active = False
+                return False
+        lookup = self._lexicon.unknown
+        window = self._window
+        size = max(1, self.config.salad_window_words)
+        for word, offset in found:
+            unknown = lookup(word)
+            if len(window) == size:
+                self._unknown -= window.popleft()[1]
+            window.append((word, unknown, offset))
+            self._unknown += unknown
+        return True
+
+    def _judge(self, min_share: float, min_distinct: int) -> tuple[float, int] | None:
+        window = self._window
+        share = self._unknown / len(window)
+        if share < min_share:
+            return None
+        unknown = [(word, offset) for word, flag, offset in window if flag]
+        if len({word for word, _ in unknown}) < min_distinct:
+            return None
+        return (share, unknown[0][1])
