@@ -40,22 +40,29 @@ def code_like(text: str) -> bool:
     return len(_CODE_SYMBOLS.findall(text)) > 0.03 * len(text)
 
 
-# A line of source code, as opposed to a line of prose or Markdown: a preprocessor directive, a
-# comment opener or a decorator at its start; a statement's or block's end, or a list item's
-# comma, at its end; or an identifier_with_underscores or a hex literal anywhere. Markdown
-# headings (``# Title``) and bullets (``* item``) are not code.
+# A line of source code, as opposed to a line of prose, verse, math or Markdown: a preprocessor
+# directive, a comment opener, a decorator, a keyword that opens a statement or an assignment at
+# its start; a brace, semicolon or backslash at its end, a ``)`` that opens a block or ends a
+# statement or list item, or a number and a comma (a data row), before an optional comment; or an
+# identifier_with_underscores or a hex literal anywhere. Verse ends its lines with commas after
+# words, prose with ``(…)``, Markdown starts them with ``#`` and a space or ``*``: none is code.
 _SOURCE_LINE = re.compile(
-    r"^\s*(?:#[a-z]|//|/\*|@[A-Za-z])"
-    r"|[{}();=<>\[\]\\,:]\s*(?:(?://|#|/\*).*)?$"
+    r"^\s*(?:#[a-z]|//|/\*|@[A-Za-z]"
+    r"|(?:def|class|return|import|from\s+\S+\s+import|public|private|static|const|let|var|func"
+    r"|fn|struct|enum|typedef)\b"
+    r"|[A-Za-z_][\w.]*(?:\[[^\]]*\])?\s*[-+*/|&]?=[^=])"
+    r"|(?:[{};\\]|\)\s*[;:{,]|[\]}]\s*,|\d\s*,)\s*(?:(?://|#|/\*).*)?$"
     r"|\b[A-Za-z][A-Za-z0-9]*_[A-Za-z0-9_]*|\b0x[0-9A-Fa-f]+\b"
 )
 
 
 def source_like(text: str) -> bool:
-    """Unfenced source code (a code completion, a header, a data table): at least two thirds of
-    the last (up to) 12 non-empty lines, and at least 4, look like code. Such text repeats its
-    structure by design (declarations, enumerations, tables) and is judged like fenced code."""
-    lines = [ln for ln in text.split("\n")[-13:] if ln.strip()][-12:]
+    """Unfenced source code (a code completion, a header, a data table): among the distinct
+    lines of the last (up to) 12 non-empty ones, at least 4, two thirds look like code. Such text
+    repeats its structure by design (declarations, enumerations, tables) and is judged like
+    fenced code. Distinct lines, because a loop of one line that happens to look like code (an
+    equation, a row of ASCII art) is still a loop: repeated, it is one line."""
+    lines = {ln.strip() for ln in [ln for ln in text.split("\n")[-13:] if ln.strip()][-12:]}
     if len(lines) < 4:
         return False
     code = sum(1 for ln in lines if _SOURCE_LINE.search(ln))
