@@ -118,7 +118,8 @@ _WARM_UP_TEXT = (
 ) * 4
 
 
-def _warm_up(config: DetectorConfig) -> None:
+def _warm_up(config: DetectorConfig, salad_languages: frozenset[str]) -> None:
+    from proxy.detect.salad import lexicon
     from proxy.language import identify_language
 
     identify_language(_WARM_UP_TEXT)
@@ -126,6 +127,23 @@ def _warm_up(config: DetectorConfig) -> None:
     for word in _WARM_UP_TEXT.split(" "):
         detector.feed(word + " ")
     detector.finish()
+    if config.salad:
+        # The salad signal's word lists (0.1-0.3 s and ~5 MB each): loaded in a stream they
+        # would stall every other stream of this worker.
+        for language in sorted(salad_languages):
+            lexicon(language)
+
+
+def _salad_languages(settings: Settings) -> frozenset[str]:
+    """The word lists a request may need: the configured language's, or every supported one
+    when the language comes from the prompt."""
+    from proxy.detect.salad import SALAD_LANGUAGES
+
+    if settings.language in SALAD_LANGUAGES:
+        return frozenset({settings.language})
+    if settings.language == "auto" or settings.expect_language == "prompt":
+        return SALAD_LANGUAGES
+    return frozenset()
 
 
 def create_app(
@@ -150,7 +168,7 @@ def create_app(
         if settings.mode != "off":
             # Lazy parts of the detector (the language model: ~0.4 s) load now, not inside the
             # first request, where they would stall every stream of this worker.
-            await asyncio.to_thread(_warm_up, proxy.detector_config)
+            await asyncio.to_thread(_warm_up, proxy.detector_config, _salad_languages(settings))
         watcher: asyncio.Task[None] | None = None
         if settings.upstream_metrics_interval > 0:
             from proxy.vllm_config import watch_upstream_config
