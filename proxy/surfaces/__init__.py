@@ -4,6 +4,8 @@
   per output item, a verdict ends the stream with ``response.incomplete``.
 * :mod:`proxy.surfaces.messages` — ``POST /v1/messages`` (Anthropic Messages): one detector per
   message, a verdict ends the stream with ``message_delta`` + ``message_stop``.
+* :mod:`proxy.surfaces.via_chat` — heal mode on both: the request in its chat form, and the chat
+  relay's answer written back in the surface's protocol.
 
 Pure like :mod:`proxy.relay`: events in, client bytes out.
 """
