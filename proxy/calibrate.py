@@ -6,7 +6,8 @@ of task x languages, or the operator's own ``--prompts``) x sampling settings
 engine, or the proxy in front of it), streams every answer through the same
 :class:`~proxy.detect.Detector` the proxy runs (monitor mode: it only watches; the reader hangs up
 at the verdict so the engine stops generating the loop) and records the token at which each
-answer first degenerated, and by which signal. From that come, per model:
+answer first degenerated, and by which signal (every signal but ``salad``, see :func:`calibrate`).
+From that come, per model:
 
 * the survival curve per task x language (share of answers still coherent after k tokens),
 * a ``max_tokens`` cap (a ``--quantile`` of the degeneration positions minus ``--margin``),
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -450,7 +452,11 @@ def calibrate(
     from proxy.calibrate_report import summarize, write_outputs
     from proxy.settings import load_detector_config
 
-    config = load_detector_config()
+    # Without the salad signal: calibration recommends a cap and a sampling setting, which act
+    # on degeneration that grows with the answer's length (loops, drift). Word salad in a
+    # language is the model's competence there from the first words; no cap or penalty removes
+    # it, so counting it would only hide which setting removes the loops. Production reports it.
+    config = dataclasses.replace(load_detector_config(), salad=False)
     stream = stream or sys.stderr
     url = _base_url(url)
     output.mkdir(parents=True, exist_ok=True)
