@@ -418,7 +418,7 @@ class _GuardedCall:
             self.stream_open = True
             self.proxy.metrics.stream_opened()
         while True:
-            await self._pump(resp, guard, watch, stream)
+            await self._pump(resp, guard, watch, stream, guard.attempt == 0)
             if not guard.needs_heal:
                 break
             nxt = None
@@ -470,15 +470,19 @@ class _GuardedCall:
         watch.seq += 1
 
     async def _pump(
-        self, resp: UpstreamResponse, guard: HealGuard, watch: Watch, stream: bool
+        self, resp: UpstreamResponse, guard: StreamGuard, watch: Watch, stream: bool, first: bool
     ) -> None:
-        """One stage: the engine's stream through ``guard`` (to the client when streaming)."""
-        first = guard.attempt == 0
+        """One stage: the engine's stream through ``guard``, to the client when ``stream``
+        (``first``: this stage's first content is the answer's, timed as such). The per-chunk
+        path: one ``feed``, one ``send`` and the two bumps of the write-timeout sweep."""
+        send = self.send
         try:
             while data := await resp.read():
                 out = guard.feed(data)
                 if out and stream:
-                    await self._send_body(out, watch)
+                    watch.seq += 1
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                    watch.seq += 1
                     if first and guard.first_content:
                         first = False
                         self.proxy.metrics.time_to_first_token(time.perf_counter() - self.started)
@@ -516,53 +520,17 @@ class _GuardedCall:
         await self.send({"type": "http.response.body", "body": body})
 
     async def _stream(self, resp: UpstreamResponse, guard: StreamGuard, watch: Watch) -> None:
-        send = self.send
         headers = response_headers(resp.headers, self.proxy.engine_url, keep_length=False)
         self.sse_body = True
         await self._start(200, headers + self.extra)
         self.stream_open = True
         self.proxy.metrics.stream_opened()
-        first = True
-        try:
-            while data := await resp.read():
-                out = guard.feed(data)
-                if out:
-                    watch.seq += 1
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
-                    watch.seq += 1
-                    if first and guard.first_content:
-                        first = False
-                        self.proxy.metrics.time_to_first_token(time.perf_counter() - self.started)
-                if guard.done:
-                    break
-            else:
-                out = guard.eof()
-                if out:
-                    watch.seq += 1
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
-                    watch.seq += 1
-        except UpstreamFailure as exc:
-            upstream_failed(self.proxy, exc.kind)
-            self.upstream_failed = True
-            out = guard.upstream_failed(exc.error)
-            watch.seq += 1
-            await send({"type": "http.response.body", "body": out, "more_body": True})
-            watch.seq += 1
+        await self._pump(resp, guard, watch, True, True)
         watch.cancellable = False
-        await send({"type": "http.response.body", "body": b""})
+        await self.send({"type": "http.response.body", "body": b""})
 
     async def _collect(self, resp: UpstreamResponse, guard: StreamGuard, watch: Watch) -> None:
-        try:
-            while data := await resp.read():
-                guard.feed(data)
-                if guard.done:
-                    break
-            else:
-                guard.eof()
-        except UpstreamFailure as exc:
-            upstream_failed(self.proxy, exc.kind)
-            self.upstream_failed = True
-            guard.upstream_failed(exc.error)
+        await self._pump(resp, guard, watch, False, False)
         watch.cancellable = False
         await self._answer(guard)
 

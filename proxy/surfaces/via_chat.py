@@ -27,6 +27,7 @@ import orjson
 
 from proxy.chunks import REASONING_KEYS, named_event
 from proxy.errors import anthropic_error_object
+from proxy.rewrite import SURFACE_SAMPLING_FIELDS
 from proxy.sse import SSEParser
 from proxy.surfaces.messages import FINISH_REASONS, stop_reason
 from proxy.surfaces.responses import incomplete_reason
@@ -35,14 +36,12 @@ if TYPE_CHECKING:
     from proxy.records import Endpoint
     from proxy.rewrite import Rewrite
 
-#: Sampling fields each surface passes to the engine that the chat route takes as they are.
+#: Sampling fields each surface passes to the engine that the chat route takes as they are
+#: (Messages' ``stop_sequences`` becomes chat's ``stop``).
 _SAMPLING = {
-    "responses": (
-        "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-        "repetition_penalty", "seed", "stop", "stop_token_ids", "logit_bias",
-    ),
-    "messages": ("temperature", "top_p", "top_k"),
-}  # fmt: skip
+    endpoint: tuple(sorted(fields - {"stop_sequences"}))
+    for endpoint, fields in SURFACE_SAMPLING_FIELDS.items()
+}
 #: Fields that change nothing in the generated text, so a healed request may ignore them.
 _INERT = {
     "responses": frozenset(
@@ -404,6 +403,10 @@ class Writer:
         raise NotImplementedError
 
 
+#: Chat finish reasons to Anthropic stop reasons (the inverse of the Messages reader's map).
+_STOP_REASONS = {v: k for k, v in FINISH_REASONS.items() if k != "stop_sequence"}
+
+
 def _suffix(chat_id: str) -> str:
     """The random part of a chat id (``chatcmpl-<hex>``), reused for the surface's ids."""
     return chat_id.rsplit("-", 1)[-1] or "0"
@@ -484,8 +487,7 @@ class MessagesWriter(Writer):
         elif self._finish == "stop" and isinstance(self._stop, str):
             out = {"stop_reason": "stop_sequence", "stop_sequence": self._stop}
         else:
-            reverse = {v: k for k, v in FINISH_REASONS.items() if k != "stop_sequence"}
-            out = {"stop_reason": reverse.get(self._finish or "stop", "end_turn")}
+            out = {"stop_reason": _STOP_REASONS.get(self._finish or "stop", "end_turn")}
             out["stop_sequence"] = None
         if self._guard is not None:
             out["guard"] = self._guard
