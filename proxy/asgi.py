@@ -60,6 +60,51 @@ def abort_connection(send: Send) -> bool:
     return True
 
 
+class DirectBody:
+    """Body chunks of a started, chunked response written straight onto the server's transport.
+
+    Why: at real pacing each relayed token is a chunk of its own, and an ASGI ``send`` (a
+    message dict, the server's ``send`` coroutine, its flow-control check) costs as much as the
+    guard's work on it. With uvicorn's httptools protocol, ``send`` is a bound method of its
+    request cycle, whose chunked body write is one ``transport.write`` of
+    ``<hex length>\r\n<bytes>\r\n`` with no per-chunk state; this writes the same bytes.
+    The end of the body still goes through ``send`` (uvicorn writes the last chunk and keeps
+    its connection state). :meth:`of` returns None for anything else — another server or
+    protocol, a ``send`` wrapped by a middleware, a response that is not chunked — and the
+    caller keeps using ``send``.
+    """
+
+    __slots__ = ("_cycle", "_flow", "_write")
+
+    def __init__(self, cycle: Any) -> None:
+        self._cycle = cycle
+        self._flow = cycle.flow
+        self._write = cycle.transport.write
+
+    @classmethod
+    def of(cls, send: Send) -> DirectBody | None:
+        cycle: Any = getattr(send, "__self__", None)
+        if (
+            type(cycle).__module__ != "uvicorn.protocols.http.httptools_impl"
+            or getattr(send, "__name__", None) != "send"
+            or cycle.chunked_encoding is not True
+            or not cycle.response_started
+            or cycle.response_complete
+            or cycle.scope.get("method") == "HEAD"
+        ):
+            return None
+        return cls(cycle)
+
+    def write(self, body: bytes) -> bool:
+        """Write one non-empty chunk (dropped, as ``send`` would, once the client is gone).
+        False when the client is gone or not reading fast enough: the caller goes back to
+        ``send``, which waits for the transport to drain."""
+        if self._cycle.disconnected:
+            return False
+        self._write(b"%x\r\n%b\r\n" % (len(body), body))
+        return not self._flow.write_paused
+
+
 def scope_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
     """The headers every response to this request carries (empty outside the middleware)."""
     headers: list[tuple[bytes, bytes]] = scope.get(RESPONSE_HEADERS, [])

@@ -19,6 +19,7 @@ from proxy.asgi import (
     MAY_OVERRIDE,
     REQUEST_ID,
     ClientGone,
+    DirectBody,
     Message,
     Receive,
     Scope,
@@ -337,6 +338,9 @@ class _GuardedCall:
         await self._start(resp.status_code, headers + self.extra)
         send = self.send
         try:
+            direct = DirectBody.of(send)
+            if direct is not None:
+                await resp.relay(direct.write)  # the bytes as they are, from the callback
             while data := await resp.read():
                 watch.seq += 1
                 await send({"type": "http.response.body", "body": data, "more_body": True})
@@ -477,6 +481,11 @@ class _GuardedCall:
         path: one ``feed``, one ``send`` and the two bumps of the write-timeout sweep."""
         send = self.send
         try:
+            direct = DirectBody.of(send) if stream else None
+            if direct is not None or not stream:
+                first = await self._relay_direct(resp, guard, direct, first)
+                if guard.done:
+                    return
             while data := await resp.read():
                 out = guard.feed(data)
                 if out and stream:
@@ -498,6 +507,38 @@ class _GuardedCall:
             out = guard.upstream_failed(exc.error)
             if stream:
                 await self._send_body(out, watch)
+
+    async def _relay_direct(
+        self, resp: UpstreamResponse, guard: StreamGuard, direct: DirectBody | None, first: bool
+    ) -> bool:
+        """The steady state of :meth:`_pump`, run from the upstream connection's callback: each
+        read through ``guard`` and (when ``direct``) straight to the client, without waking
+        this task per chunk. It hands back to the task's loop — the same path as without it,
+        so every ending, error and slow client is handled there once — when the guard is done,
+        the client is gone or not reading, the body ends or the read fails. Returns whether
+        the first content is still to come (``first`` on entry)."""
+        error: BaseException | None = None
+        ttft = self.proxy.metrics.time_to_first_token
+
+        def on_data(data: bytes) -> bool:
+            nonlocal first, error
+            try:
+                out = guard.feed(data)
+                if out and direct is not None:
+                    if first and guard.first_content:
+                        first = False
+                        ttft(time.perf_counter() - self.started)
+                    if not direct.write(out):
+                        return False
+                return not guard.done
+            except BaseException as exc:  # raised again in the task, not in the event loop
+                error = exc
+                return False
+
+        await resp.relay(on_data)
+        if error is not None:
+            raise error
+        return first
 
     async def _answer(self, guard: StreamGuard) -> None:
         """The non-streamed answer (or the engine's error) once the guard is done."""

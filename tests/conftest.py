@@ -34,7 +34,7 @@ __all__ = ["FakeVLLM", "ProxyServer", "Script"]
 class ProxyServer:
     """The proxy app under uvicorn on an ephemeral port, in a background thread."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, http: str = "httptools") -> None:
         self.app = app
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -43,7 +43,7 @@ class ProxyServer:
         config = uvicorn.Config(
             app,
             loop="uvloop",
-            http="httptools",
+            http=http,
             lifespan="on",
             log_level="warning",
             access_log=False,

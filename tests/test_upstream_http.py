@@ -109,3 +109,73 @@ async def test_broken_responses_fail_cleanly(payload: bytes) -> None:
         with pytest.raises(UpstreamFailure):
             resp = await client(url).post("/v1/completions", HEADERS, BODY)
             await resp.aread()
+
+
+async def test_relay_hands_each_read_to_the_callback_then_read_takes_over(
+    fake_upstream: FakeVLLM,
+) -> None:
+    """``relay`` delivers from the protocol callback until the callback says stop; the bytes
+    after that are ``read``'s, nothing lost, nothing twice, in order; the pooled connection is
+    reused after the end."""
+    fake_upstream.script = Script(texts=["a b c d e f g h i j k l"], chunk_delay=0.01)
+    up = client(fake_upstream.url)
+    direct = await up.post("/v1/completions", HEADERS, BODY)
+    whole = await direct.aread()
+    await direct.aclose()
+
+    resp = await up.post("/v1/completions", HEADERS, BODY)
+    seen: list[bytes] = []
+
+    def on_data(data: bytes) -> bool:
+        seen.append(data)
+        return len(seen) < 4
+
+    await resp.relay(on_data)
+    assert len(seen) == 4
+    rest = await resp.aread()
+    assert b"".join(seen) + rest == whole
+    await resp.aclose()
+    assert up.idle_connections == 1
+
+    resp = await up.post("/v1/completions", HEADERS, BODY)
+    got: list[bytes] = []
+
+    def keep(data: bytes) -> bool:
+        got.append(data)
+        return True  # never stops: runs to the end
+
+    await resp.relay(keep)
+    assert b"".join(got) == whole
+    assert await resp.read() == b""
+    await resp.aclose()
+    assert len({r.peer for r in fake_upstream.requests}) == 1
+    await up.aclose()
+
+
+async def test_relay_times_out_and_reports_failures(fake_upstream: FakeVLLM) -> None:
+    """The read timeout holds while relaying; a dropped connection is ``read``'s failure after
+    ``relay`` returns."""
+    fake_upstream.script = Script(texts=["a b c"], first_delay=0.5)
+    up = client(fake_upstream.url, read_timeout=0.2)
+    resp = await up.post("/v1/completions", HEADERS, BODY)
+    with pytest.raises(UpstreamFailure) as err:
+        await resp.relay(lambda data: True)
+    assert err.value.kind == "timeout"
+    await resp.aclose()
+
+    fake_upstream.script = Script(texts=["a b c d e f g h"], chunk_delay=0.05, die_after=3)
+    up = client(fake_upstream.url, read_timeout=0.5)  # 0.05 s a read: never times out
+    resp = await up.post("/v1/completions", HEADERS, BODY)
+    parts: list[bytes] = []
+
+    def keep_part(data: bytes) -> bool:
+        parts.append(data)
+        return True
+
+    await resp.relay(keep_part)
+    assert parts
+    with pytest.raises(UpstreamFailure) as err:
+        await resp.read()
+    assert err.value.kind == "disconnect"
+    await resp.aclose()
+    await up.aclose()

@@ -1,0 +1,210 @@
+"""Relayed chunks written straight onto uvicorn's transport (``proxy.asgi.DirectBody``) against
+the ASGI ``send`` they replace: the same bytes on every route and mode, the fallback wherever
+the shortcut does not apply (a middleware wrapping ``send``, uvicorn's h11 protocol),
+a client that stops reading, and a guard that fails inside the connection's callback.
+
+All under real uvicorn, against the fake engine on a real socket."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy import asgi
+from proxy.app import create_app
+from proxy.relay import StreamGuard
+from proxy.settings import load_settings
+from tests.conftest import ProxyServer
+from tests.fakes.vllm import FakeVLLM, Script
+
+CORPUS = [
+    json.loads(line)
+    for line in (Path(__file__).parent / "data" / "corpus.jsonl").read_text().splitlines()
+]
+HEALTHY = [r["text"] for r in CORPUS if r["label"] == "healthy"]
+LOOP = "The answer is the answer. " * 300
+MESSAGES = [{"role": "user", "content": "Tell me something."}]
+
+
+class Counted:
+    """Counts :meth:`DirectBody.write` calls and the ones that handed back to ``send``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.writes = 0
+        self.handed_back = 0
+        real = asgi.DirectBody.write
+
+        def write(body: asgi.DirectBody, data: bytes) -> bool:
+            self.writes += 1
+            ok = real(body, data)
+            self.handed_back += not ok
+            return ok
+
+        monkeypatch.setattr(asgi.DirectBody, "write", write)
+
+
+def wrap_send(app: Any) -> Any:
+    """A pass-through middleware that wraps ``send``, as GZip or a tracing middleware would."""
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        async def send_(message: Any) -> None:
+            await send(message)
+
+        await app(scope, receive, send_)
+
+    return wrapped
+
+
+@pytest.fixture
+def servers(fake_upstream: FakeVLLM) -> Iterator[Any]:
+    started: list[ProxyServer] = []
+
+    def start(*, middleware: bool = False, http: str = "httptools", **overrides: Any) -> str:
+        settings = load_settings(
+            upstream_url=fake_upstream.url, upstream_metrics_interval=0, **overrides
+        )
+        app: Any = create_app(settings)
+        if middleware:
+            app = wrap_send(app)
+        server = ProxyServer(app, http=http).start()
+        started.append(server)
+        return server.url
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def chat(text_stream: bool = True, **extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": MESSAGES, "stream": text_stream, "max_tokens": 900, **extra}
+
+
+@pytest.mark.parametrize("mode", ["enforce", "monitor", "off", "heal"])
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+def test_direct_writes_send_the_same_bytes_as_send(
+    fake_upstream: FakeVLLM,
+    servers: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    route: str,
+) -> None:
+    """Healthy and looping answers, one token per read: the client's bytes are the same
+    whether the chunks went through ``send`` (a middleware wraps it) or straight out."""
+    counted = Counted(monkeypatch)
+    direct = servers(mode=mode)
+    wrapped = servers(mode=mode, middleware=True)
+    body = (
+        chat()
+        if route.endswith("chat/completions")
+        else {"model": "m", "prompt": "Once", "stream": True, "max_tokens": 900}
+    )
+    for text in (HEALTHY[0], HEALTHY[1], "Sure. " + LOOP):
+        got = {}
+        for name, base in (("direct", direct), ("send", wrapped)):
+            fake_upstream.script = Script(texts=[text], chunk_delay=0.0005)
+            before = counted.writes
+            resp = httpx.post(base + route, json=body, timeout=30)
+            assert resp.status_code == 200
+            got[name] = resp.content
+            wrote = counted.writes - before
+            assert (wrote > 0) if name == "direct" else (wrote == 0), (name, wrote)
+        assert got["direct"] == got["send"]
+        assert got["direct"].endswith(b"data: [DONE]\n\n")
+
+
+def test_h11_uses_send(
+    fake_upstream: FakeVLLM, servers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where uvicorn does not write chunks through its httptools cycle (its h11 protocol keeps
+    a state machine per chunk), nothing is written around ``send``."""
+    counted = Counted(monkeypatch)
+    fake_upstream.script = Script(texts=[HEALTHY[2]], chunk_delay=0.0005)
+    expected = httpx.post(fake_upstream.url + "/v1/chat/completions", json=chat()).content
+
+    h11 = servers(http="h11")
+    assert httpx.post(h11 + "/v1/chat/completions", json=chat()).content == expected
+    assert counted.writes == 0
+
+
+def dechunk(raw: bytes) -> bytes:
+    out = bytearray()
+    while True:
+        size_line, _, raw = raw.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return bytes(out)
+        out += raw[:size]
+        assert raw[size : size + 2] == b"\r\n"
+        raw = raw[size + 2 :]
+
+
+def test_a_client_that_stops_reading_gets_every_byte_in_order(
+    fake_upstream: FakeVLLM, servers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client with a tiny receive buffer that reads nothing for a while: the direct writes
+    fill the transport, the relay hands back to ``send`` (which waits for the client), and when
+    the client reads again it gets the whole answer, in order, exactly once."""
+    counted = Counted(monkeypatch)
+    words = " ".join(HEALTHY).split()
+    text = " ".join(words[i % len(words)] for i in range(20_000))  # ~4 MB of events
+    fake_upstream.script = Script(texts=[text])
+    expected = httpx.post(
+        fake_upstream.url + "/v1/chat/completions", json=chat(max_tokens=20_000)
+    ).content
+    assert len(expected) > 3_000_000
+    base = servers(mode="monitor", max_tokens_cap=100_000, default_max_tokens=100_000)
+    payload = json.dumps(chat(max_tokens=20_000)).encode()
+    host, port = base.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(20)
+    sock.connect((host, int(port)))
+    with sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"connection: close\r\ncontent-length: %d\r\n\r\n%b" % (len(payload), payload)
+        )
+        time.sleep(1.0)  # the engine has sent everything by now; the proxy holds it
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    head, _, content = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert dechunk(content) == expected
+    assert counted.handed_back >= 1
+
+
+def test_a_guard_that_fails_in_the_callback_fails_its_request_only(
+    fake_upstream: FakeVLLM, servers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception from the guard inside the connection's callback is raised in the request's
+    task: that response is cut (never completed as if healthy), the engine sees the disconnect,
+    and the worker goes on serving."""
+    real = StreamGuard.feed
+    calls = 0
+
+    def feed(guard: StreamGuard, data: bytes) -> bytes:
+        nonlocal calls
+        calls += 1
+        if calls == 5:
+            raise RuntimeError("a bug")
+        return real(guard, data)
+
+    monkeypatch.setattr(StreamGuard, "feed", feed)
+    fake_upstream.script = Script(texts=[HEALTHY[3]], chunk_delay=0.002)
+    base = servers()
+    with pytest.raises(httpx.RemoteProtocolError):
+        httpx.post(base + "/v1/chat/completions", json=chat(), timeout=10)
+    rec = fake_upstream.guarded_requests()[0]
+    assert fake_upstream.wait_for(lambda: rec.disconnected is not None)
+    assert not rec.completed
+    resp = httpx.post(base + "/v1/chat/completions", json=chat(), timeout=10)
+    assert resp.status_code == 200
+    assert resp.content.endswith(b"data: [DONE]\n\n")
