@@ -11,6 +11,8 @@ Every upstream exchange runs under :func:`watched`, with a :class:`Watch`:
   bumps ``watch.seq`` before and after each ``send`` (odd = inside a send), and one timer per
   worker (:class:`Bounds`) sweeps the live watches: a ``seq`` that stayed odd and unchanged for the
   timeout means the client took nothing, and the handler is cancelled like on a disconnect.
+  Chunks written straight onto the transport (:class:`proxy.asgi.DirectBody`) never block; once
+  the transport asks to pause, the relay goes back to ``send`` and this applies.
 * **deadline** (GUARD_REQUEST_DEADLINE, 0 = off) — the same sweep cancels a request older than
   the deadline; the endpoint then ends its answer properly (an SSE error event and ``[DONE]`` on
   a stream already started, a 504 otherwise).

@@ -1,8 +1,12 @@
 """The guarded routes: ``POST /v1/chat/completions`` and ``POST /v1/completions``.
 
 A raw ASGI endpoint: per request it reads and rewrites the body and opens the engine's stream;
-per chunk it feeds :class:`proxy.relay.StreamGuard` and makes one ``send`` (plus two integer
-bumps for the write-timeout sweep, see :mod:`proxy.bounds`).
+per chunk it feeds :class:`proxy.relay.StreamGuard` and writes what the guard returns. In the
+steady state of a stream that happens inside the upstream connection's read callback, straight
+onto uvicorn's transport (:meth:`_GuardedCall._relay_direct`, :class:`proxy.asgi.DirectBody`);
+everything else — endings, errors, a client that reads slowly, a ``send`` that is not uvicorn's
+— goes through the task's loop: one ``send`` per chunk plus two integer bumps for the
+write-timeout sweep (:mod:`proxy.bounds`).
 """
 
 from __future__ import annotations
