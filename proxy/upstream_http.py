@@ -7,8 +7,8 @@ README "Speed") — the body bytes go from ``data_received`` through httptools' 
 buffer, and the relay wakes once per socket read — or not at all: :meth:`Response.relay` hands
 each read to a callback inside the protocol's own ``data_received``. httpx is still used for
 everything that is not a guarded route (pass-through, readiness, the config watcher), where its
-generality matters more than per-chunk cost. Both are built from one :class:`~proxy.upstream.UpstreamConfig` (same TLS
-context, timeouts, limits, errors).
+generality matters more than per-chunk cost. Both are built from one
+:class:`~proxy.upstream.UpstreamConfig` (same TLS context, timeouts, limits, errors).
 
 Scope, on purpose: one request per connection at a time, ``Content-Length`` request bodies.
 What makes it safe to keep connections alive (each rule has a test against a real socket):
