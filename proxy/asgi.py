@@ -87,13 +87,20 @@ class DirectBody:
         if (
             type(cycle).__module__ != "uvicorn.protocols.http.httptools_impl"
             or getattr(send, "__name__", None) != "send"
-            or cycle.chunked_encoding is not True
-            or not cycle.response_started
-            or cycle.response_complete
-            or cycle.scope.get("method") == "HEAD"
         ):
             return None
-        return cls(cycle)
+        try:
+            if (
+                cycle.chunked_encoding is not True
+                or not cycle.response_started
+                or cycle.response_complete
+                or cycle.disconnected
+                or cycle.scope.get("method") == "HEAD"
+            ):
+                return None
+            return cls(cycle)
+        except AttributeError:  # a uvicorn whose cycle looks otherwise: keep to ``send``
+            return None
 
     def write(self, body: bytes) -> bool:
         """Write one non-empty chunk (dropped, as ``send`` would, once the client is gone).

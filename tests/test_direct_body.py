@@ -208,3 +208,60 @@ def test_a_guard_that_fails_in_the_callback_fails_its_request_only(
     resp = httpx.post(base + "/v1/chat/completions", json=chat(), timeout=10)
     assert resp.status_code == 200
     assert resp.content.endswith(b"data: [DONE]\n\n")
+
+
+def test_of_keeps_to_send_for_anything_but_a_started_chunked_httptools_cycle() -> None:
+    """``DirectBody.of`` looks at the server's objects it relies on and says no (rather than
+    failing the request) when any of them is not there or not in the state it needs."""
+
+    class Flow:
+        write_paused = False
+
+    class Transport:
+        def __init__(self) -> None:
+            self.written: list[bytes] = []
+
+        def write(self, data: bytes) -> None:
+            self.written.append(data)
+
+    from uvicorn.protocols.http import httptools_impl
+
+    real = httptools_impl.RequestResponseCycle
+    cycle = object.__new__(real)
+    cycle.chunked_encoding = True
+    cycle.response_started = True
+    cycle.response_complete = False
+    cycle.disconnected = False
+    cycle.scope = {"method": "POST"}
+    cycle.flow = Flow()
+    cycle.transport = Transport()
+    direct = asgi.DirectBody.of(cycle.send)
+    assert direct is not None
+    assert direct.write(b"data: x\n\n") is True
+    assert cycle.transport.written == [b"9\r\ndata: x\n\n\r\n"]
+    cycle.flow.write_paused = True
+    assert direct.write(b"y") is False  # written, but the caller goes back to send
+    cycle.disconnected = True
+    assert direct.write(b"z") is False
+    assert cycle.transport.written[-1] == b"1\r\ny\r\n"
+
+    for name, value in [
+        ("chunked_encoding", False),
+        ("response_started", False),
+        ("response_complete", True),
+        ("disconnected", True),
+        ("scope", {"method": "HEAD"}),
+    ]:
+        other = object.__new__(real)
+        other.__dict__.update(cycle.__dict__)
+        other.disconnected = False
+        setattr(other, name, value)
+        assert asgi.DirectBody.of(other.send) is None, name
+    missing = object.__new__(real)  # a uvicorn whose cycle has none of these attributes
+    assert asgi.DirectBody.of(missing.send) is None
+    assert asgi.DirectBody.of(cycle.send_500_response) is None  # not the cycle's send
+
+    async def plain(message: Any) -> None:
+        pass
+
+    assert asgi.DirectBody.of(plain) is None
