@@ -21,13 +21,34 @@ from typing import Any
 import httpx
 import pytest
 
+from proxy.demo import MAX_TOKENS as DEMO_MAX_TOKENS
 from proxy.detect import SIGNALS
 from tests.e2e.support import ROOT, record_figure, sample_value
 from tests.net import free_port
 
 pytestmark = pytest.mark.e2e
 
-MAX_TOKENS = 600
+MAX_TOKENS = DEMO_MAX_TOKENS  # the demo's default: the README's table is the demo as a user runs it
+
+
+def _readme_demo_rows() -> dict[str, list[str]]:
+    """The rows of the demo table in README.md (between its markers), split like the demo's."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("<!-- demo-table:start")
+    block = text[start : text.index("<!-- demo-table:end -->", start)]
+    rows = [line.split() for line in block.splitlines() if line.startswith(("healthy", "looping"))]
+    return {row[0]: row for row in rows}
+
+
+def _without_times(row: list[str]) -> list[str]:
+    """A table row without its durations (``12.3 s``): tokens, finishes and verdicts only."""
+    kept: list[str] = []
+    for cell in row:
+        if cell == "s" and kept and re.fullmatch(r"[0-9]+\.[0-9]", kept[-1]):
+            kept.pop()
+        else:
+            kept.append(cell)
+    return kept
 
 
 def _site_with_model_package(manifest: dict[str, Any], tmp_path: Path) -> Path:
@@ -54,7 +75,7 @@ def test_demo_prints_the_guard_cutting_a_real_loop(
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "proxy", "demo", "--no-serve", "--threads", "1",
-         "--max-tokens", str(MAX_TOKENS), "--log-dir", str(tmp_path / "logs")],
+         "--log-dir", str(tmp_path / "logs")],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=900, check=False,
     )  # fmt: skip
     elapsed = time.monotonic() - started
@@ -78,6 +99,12 @@ def test_demo_prints_the_guard_cutting_a_real_loop(
     assert looping[13] == f"({saved / MAX_TOKENS:.0%})"
     engine_s, guard_s = float(looping[3]), float(looping[10])
     assert guard_s < engine_s
+    # the README shows what the demo prints: every column but the times (which are the CPU's)
+    readme = _readme_demo_rows()
+    for name, printed in (("healthy", healthy), ("looping", looping)):
+        assert _without_times(readme[name]) == _without_times(printed), (
+            f"README's demo table is stale: {readme[name]} vs printed {printed}"
+        )
     # the children's logs went to their files, not into the table
     logs = tmp_path / "logs"
     assert "llama-server listening" in (logs / "engine.log").read_text()
