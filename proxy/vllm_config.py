@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 import orjson
 
+from proxy.engine_context import EngineContexts, model_contexts
 from proxy.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,8 @@ class EngineStatus:
     detail: str
     #: Model ids from /v1/models; None when the list could not be read.
     models: tuple[str, ...] | None = None
+    #: Each listed model's ``max_model_len`` (vLLM lists it; other engines may not).
+    contexts: Mapping[str, int] | None = None
 
 
 def _describe(exc: httpx.HTTPError) -> str:
@@ -180,7 +183,7 @@ def engine_status(
         return EngineStatus(True, f"/health {health}; /v1/models failed: {_describe(models)}")
     if models != 200 or listed is None:
         return EngineStatus(True, f"/health {health}; /v1/models answered {models}")
-    return EngineStatus(True, f"/health {health}", listed)
+    return EngineStatus(True, f"/health {health}", listed, model_contexts(models_body))
 
 
 async def probe_engine(
@@ -249,7 +252,9 @@ class EngineMonitor:
         interval: float,
         headers: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        contexts: EngineContexts | None = None,
     ) -> None:
+        self._contexts = contexts
         self._client = client
         self._url = upstream_url
         self._metrics = metrics
@@ -307,6 +312,8 @@ class EngineMonitor:
         if status.models is not None:
             self.models = status.models
             self._metrics.set_engine_models(status.models)
+        if status.contexts is not None and self._contexts is not None:
+            self._contexts.update(status.contexts)
 
 
 async def watch_engine(
@@ -316,15 +323,18 @@ async def watch_engine(
     interval: float,
     *,
     headers: Mapping[str, str] | None = None,
+    contexts: EngineContexts | None = None,
 ) -> None:
     """Check now, then every ``interval`` seconds, until cancelled; ``interval`` <= 0: return.
 
     Start it as a background task of each worker's lifespan (keep a reference; cancel it at
-    shutdown); it never blocks start-up.
+    shutdown); it never blocks start-up. ``contexts`` gets each model's context as listed.
     """
     if interval <= 0:
         return
-    monitor = EngineMonitor(client, upstream_url, metrics, interval=interval, headers=headers)
+    monitor = EngineMonitor(
+        client, upstream_url, metrics, interval=interval, headers=headers, contexts=contexts
+    )
     while True:
         try:
             await monitor.check()
