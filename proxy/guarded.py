@@ -337,8 +337,7 @@ class _GuardedCall:
             "engine refused the default limit (context %d tokens); sent again without it",
             error.max_model_len,
         )
-        if error.prompt_tokens is None:  # the message names the context alone: it is the model's
-            self.proxy.contexts.learned(self.rw.model, error)
+        self.proxy.contexts.learned(self.rw.model, error)
         self.engine_limit = error.allowed
         self._rewrite_again(usage_options=self._injected_usage())
 
