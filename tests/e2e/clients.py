@@ -109,6 +109,7 @@ def agents_chat(base: str, model: str, limit: int | None) -> str:
 
 
 def pydantic_ai_agent(base: str, model: str, limit: int | None) -> str:
+    from openai import AsyncOpenAI
     from pydantic_ai import Agent
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
@@ -117,9 +118,14 @@ def pydantic_ai_agent(base: str, model: str, limit: int | None) -> str:
     settings = ModelSettings(temperature=0)
     if limit is not None:
         settings["max_tokens"] = limit
-    provider = OpenAIProvider(base_url=base + "/v1", api_key=KEY)
-    agent = Agent(OpenAIChatModel(model, provider=provider), model_settings=settings)
-    return str(agent.run_sync(QUESTION).output)
+
+    async def run() -> str:
+        async with AsyncOpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0) as client:
+            provider = OpenAIProvider(openai_client=client)
+            agent = Agent(OpenAIChatModel(model, provider=provider), model_settings=settings)
+            return str((await agent.run(QUESTION)).output)
+
+    return asyncio.run(run())
 
 
 def instructor_structured(base: str, model: str, limit: int | None) -> str:

@@ -24,7 +24,14 @@ from proxy.engine_context import ContextError, context_error
 from tests.e2e.clients import CLIENTS, QUESTION, outcome
 from tests.e2e.support import ProxyFactory, Server, record_figure
 
-pytestmark = pytest.mark.e2e
+pytestmark = [
+    pytest.mark.e2e,
+    # Client libraries keep connection pools of their own (litellm, langchain-openai cache
+    # clients per process) that only the garbage collector closes, whenever it runs: their
+    # unclosed-socket warnings are theirs, not the proxy's, and must not fail a later case.
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
 
 MODES = ("enforce", "heal", "off")
 #: A limit the way clients set one: small, well inside the context.
@@ -113,13 +120,17 @@ def test_a_default_within_the_context_is_still_sent(
     it, the engine (vLLM 0.32) lowers it to what the context has left, and answers."""
     proxy = start_proxy(vllm_engine, max_tokens_default=4000)
     long_prompt = "Here are some notes. " * 60 + QUESTION
-    body = {"model": model_name, "messages": [{"role": "user", "content": long_prompt}]}
+    messages = [{"role": "user", "content": long_prompt}]
+    body = {"model": model_name, "messages": messages, "temperature": 0}
+    # The first fills the prefix cache, which can change a greedy answer (see test_vllm.py).
+    httpx.post(vllm_engine.url + "/v1/chat/completions", json=body, timeout=120)
     direct = httpx.post(vllm_engine.url + "/v1/chat/completions", json=body, timeout=120)
     r = httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=120)
     assert r.status_code == direct.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] + 4000 > 4096
     assert r.headers["x-guard-max-tokens"] == "defaulted; value=4000"
-    assert r.json()["choices"][0]["message"] == direct.json()["choices"][0]["message"]
+    answer = r.json()["choices"][0]["message"]["content"]
+    assert answer and answer == direct.json()["choices"][0]["message"]["content"]
 
 
 def test_a_clients_own_limit_above_the_context_gets_the_engines_error(
