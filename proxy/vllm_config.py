@@ -6,7 +6,8 @@ Two background tasks of each worker, both never raising out of their loops:
   ``/v1/models``. While the engine does not answer it says so at every check (a proxy that only
   returns 502s must not stay silent) and says when it comes back. The model list it reads bounds
   the metrics' ``model`` label (:meth:`Metrics.set_engine_models`): a client sending junk model
-  names gets ``other``, never a series of its own. ``serve``'s app factory
+  names gets ``other``, never a series of its own, and each model's ``max_model_len`` keeps the
+  default token limit within the context (:mod:`proxy.engine_context`). ``serve``'s app factory
   (:func:`proxy.serve.create_served_app`) starts it; :func:`probe_engine_sync` is the same check
   for ``serve``'s start-up report in the parent process.
 * :func:`watch_upstream_config` reads the engine's ``/metrics`` (below).
