@@ -681,7 +681,10 @@ class _GuardedCall:
         guard = self.guard
         if guard is not None:
             outcome = guard.outcome(client_gone=client_gone)
-            choices = guard.records(self.rw.max_tokens)
+            limit = self.rw.max_tokens
+            if self.rw.engine_limited and guard.prompt_tokens is not None:
+                limit -= guard.prompt_tokens  # the engine's own: the rest of the context
+            choices = guard.records(limit)
             model = self.rw.model or str((guard.template or {}).get("model") or "unknown")
         else:
             outcome = (

@@ -6,6 +6,7 @@ limit that does not fit with vLLM's own messages (``tests/fakes/vllm.py``, ``con
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from proxy.engine_context import (
     context_error,
     model_contexts,
 )
+from proxy.metrics import Metrics
 from proxy.rewrite import RewritePolicy, rewrite_request
 from proxy.surfaces import via_chat
 from tests.fakes.vllm import FakeVLLM, Script
@@ -386,3 +388,27 @@ def test_a_continuation_refused_for_its_grown_prompt_is_sent_again_within_the_co
     assert first.json["max_tokens"] == 1000
     assert refused.json["max_tokens"] > 410
     assert retry.json["max_tokens"] == 410
+
+
+def test_tokens_saved_count_from_what_the_context_had_left(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+) -> None:
+    """An aborted answer under the engine's own limit saved the rest of the context after the
+    prompt, not the whole context."""
+    fake_upstream.script = Script(
+        texts=[LOOPING], chunk_delay=0.001, max_model_len=4096, prompt_tokens=96
+    )
+    metrics = Metrics()
+    r = _chat(proxy_server(metrics=metrics))
+    assert r.status_code == 200 and r.headers["x-guard-max-tokens"] == "engine; value=4096"
+    assert r.json()["choices"][0]["guard"]["action"] == "aborted"
+    q = metrics.quality_registry
+    labels = {"model": "fake-model"}
+    deadline = time.monotonic() + 5
+    while q.get_sample_value("guard_tokens_saved_total", labels) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    saved = q.get_sample_value("guard_tokens_saved_total", labels)
+    generated = q.get_sample_value("guard_completion_tokens_sum", labels)
+    assert saved is not None and generated is not None
+    assert saved + generated == 4096 - 96
