@@ -151,3 +151,19 @@ def test_a_clients_own_limit_above_the_context_gets_the_engines_error(
         errors.append(info.value.message)
     assert errors[0] == errors[1]
     assert "max_model_len=4096" in errors[1]
+
+
+def test_an_engine_that_lists_no_context_keeps_the_default(
+    llama_engine: Server, start_proxy: ProxyFactory, model_name: str
+) -> None:
+    """llama.cpp's server lists no ``max_model_len`` and accepts any limit (it stops at its
+    context's end): the default is sent as before, and the client gets the engine's answer."""
+    proxy = start_proxy(llama_engine)
+    answers = []
+    for server in (llama_engine, proxy):
+        answers.append(outcome(CLIENTS["openai-chat"][0], server.url, model_name, None))
+    assert answers[0][0] == "ok" and answers[1] == answers[0]
+    body = {"model": model_name, "messages": [{"role": "user", "content": QUESTION}]}
+    r = httpx.post(proxy.url + "/v1/chat/completions", json={**body, "temperature": 0}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-guard-max-tokens"] == "defaulted; value=8192"
