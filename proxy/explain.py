@@ -35,7 +35,9 @@ SETTINGS_HELP: dict[str, str] = {
     "is in the OpenAI enum; repetition is vLLM's own and strict clients reject it).",
     "trim_on_abort": "Cut a non-streaming answer at the detected onset of degeneration.",
     "max_tokens_default": "max_tokens given to requests that set none (the engine would "
-    "otherwise generate up to the context window); at most GUARD_MAX_TOKENS_CAP.",
+    "otherwise generate up to the context window); at most GUARD_MAX_TOKENS_CAP. Where the "
+    "model's context (max_model_len in /v1/models) is within it, none is sent: the engine's own "
+    "limit, the rest of the context, applies.",
     "max_tokens_cap": "Largest max_tokens / max_completion_tokens a request may ask for.",
     "max_tokens_policy": "Above the cap: clamp it, or reject the request with a 400.",
     "language": "Language constraint: off, auto (answer in the prompt's language) or a "

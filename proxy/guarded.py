@@ -35,6 +35,7 @@ from proxy.asgi import (
 )
 from proxy.bounds import Watch, watched
 from proxy.detect import Detector
+from proxy.engine_context import ContextError, context_error
 from proxy.errors import (
     BadRequest,
     DeadlineExceeded,
@@ -102,7 +103,8 @@ class Guarded:
                 body = orjson.loads(raw)
             except orjson.JSONDecodeError as exc:
                 raise BadRequest(f"The request body is not valid JSON: {exc}.") from None
-            rw = self._rewrite(body, mode)
+            limit = await self._engine_limit(body, headers)
+            rw = self._rewrite(body, mode, limit)
         except ClientGone:
             proxy.metrics.request_finished(route, 499, time.perf_counter() - started)
             return
@@ -123,6 +125,7 @@ class Guarded:
         call = _GuardedCall(proxy, scope, answer, self.endpoint, rw, mode, headers, started)
         call.heal = self.heal
         call.client_body = body
+        call.engine_limit = limit
         call.client_continuous = (
             isinstance(opts, dict) and opts.get("continuous_usage_stats") is True
         )
@@ -176,7 +179,23 @@ class Guarded:
                 mode = value  # type: ignore[assignment]
         return mode
 
-    def _rewrite(self, body: Any, mode: Mode) -> Rewrite:
+    async def _engine_limit(self, body: Any, headers: dict[bytes, bytes]) -> int | None:
+        """The model's context, so that no default above it is sent (one dict lookup; the first
+        request for a model not known yet waits for one ``GET /v1/models``)."""
+        model = body.get("model") if isinstance(body, dict) else None
+        model = model if isinstance(model, str) else None
+        contexts = self.proxy.contexts
+        if contexts.should_learn(model):
+            auth = headers.get(b"authorization")
+            pairs = self.proxy.upstream.forward_headers([(b"authorization", auth)] if auth else [])
+            await contexts.learn(
+                self.proxy.client,
+                self.proxy.engine_url,
+                {k.decode("latin-1"): v.decode("latin-1") for k, v in pairs},
+            )
+        return contexts.get(model)
+
+    def _rewrite(self, body: Any, mode: Mode, limit: int | None) -> Rewrite:
         proxy = self.proxy
         try:
             rw = rewrite_request(
@@ -184,6 +203,7 @@ class Guarded:
                 self.endpoint,
                 proxy.policy,
                 usage_options=proxy.usage_options.wanted() and mode != "off",
+                engine_limit=limit,
             )
         except BadRequest as exc:
             if exc.code == "max_tokens_over_cap":
@@ -249,6 +269,8 @@ class _GuardedCall:
         self.upstream_failed = False
         self.client_continuous = False
         self.client_body: Any = None
+        #: The largest limit the engine accepts (the model's context), when known.
+        self.engine_limit: int | None = None
         self.heal = HealPolicy()
         self.watch = Watch()
         self.extra = [
@@ -269,40 +291,73 @@ class _GuardedCall:
         return out
 
     async def _open(self) -> UpstreamResponse | None:
+        """Open the engine's stream. Two refusals are answered by asking again, each once: of
+        the usage stream options the proxy added, and of the default limit it added (a context
+        smaller than the default: proxy/engine_context.py)."""
         proxy = self.proxy
         path = self.upstream_path
         headers = self._upstream_headers()
-        for attempt in range(2):
+        retry_usage = retry_limit = True
+        while True:
             try:
                 resp = await proxy.fast.post(path, headers, orjson.dumps(self.rw.body))
             except UpstreamFailure as exc:
                 upstream_failed(proxy, exc.kind)
                 await self._error(exc.error)
                 return None
-            if resp.status_code in (400, 422) and attempt == 0 and self._injected_usage():
-                body = await self._read_all(resp)
-                if body is None:
-                    return None
-                if names_usage_option(resp.status_code, body):
-                    log.warning(
-                        "upstream rejected stream_options; without exact token counts for %.0f s",
-                        proxy.usage_options.retry_after,
-                    )
-                    proxy.usage_options.rejected()
-                    # Rewriting is pure: run it again on the client's request, without them.
-                    self.rw = rewrite_request(
-                        self.client_body, self.endpoint, proxy.policy, usage_options=False
-                    )
-                    if self.convert is not None:
-                        chat = self.convert(self.rw)
-                        assert isinstance(chat, Rewrite)  # the same request converted before
-                        self.rw = chat
-                    continue
-                upstream_failed(proxy, "status", resp.status_code)
-                await self._relay_body(resp, body)
+            usage = retry_usage and self._injected_usage()
+            limit = retry_limit and self.rw.max_tokens_action == "defaulted"
+            if resp.status_code not in (400, 422) or not (usage or limit):
+                return resp
+            body = await self._read_all(resp)
+            if body is None:
                 return None
-            return resp
-        return None
+            if usage and names_usage_option(resp.status_code, body):
+                log.warning(
+                    "upstream rejected stream_options; without exact token counts for %.0f s",
+                    proxy.usage_options.retry_after,
+                )
+                proxy.usage_options.rejected()
+                retry_usage = False
+                self._rewrite_again(usage_options=False)
+                continue
+            error = context_error(resp.status_code, body) if limit else None
+            if error is not None:
+                self._fit(error)
+                retry_limit = False
+                continue
+            upstream_failed(proxy, "status", resp.status_code)
+            await self._relay_body(resp, body)
+            return None
+
+    def _fit(self, error: ContextError) -> None:
+        """The engine refused the proxy's default limit: send none (its own limit, the rest of
+        the context, is below the default it refused), and remember the model's context."""
+        log.info(
+            "engine refused the default limit (context %d tokens); sent again without it",
+            error.max_model_len,
+        )
+        self.proxy.contexts.learned(self.rw.model, error)
+        self.engine_limit = error.allowed
+        self._rewrite_again(usage_options=self._injected_usage())
+
+    def _rewrite_again(self, *, usage_options: bool) -> None:
+        """Rewriting is pure: run it again on the client's request with what was learned."""
+        rw = rewrite_request(
+            self.client_body,
+            self.endpoint,
+            self.proxy.policy,
+            usage_options=usage_options,
+            engine_limit=self.engine_limit,
+        )
+        if self.mode == "off":
+            rw.body["stream"] = rw.client_stream
+        if self.convert is not None:
+            chat = self.convert(rw)
+            assert isinstance(chat, Rewrite)  # the same request converted before
+            rw = chat
+        self.rw = rw
+        self.extra[0] = (b"x-guard-max-tokens", rw.max_tokens_header.encode())
 
     async def _read_all(self, resp: UpstreamResponse) -> bytes | None:
         try:
@@ -459,13 +514,32 @@ class _GuardedCall:
         body = continuation_request(
             self.rw.body, self.protocol, nxt.carry.prefix, remaining, nxt.attempt, self.heal
         )
-        try:
-            resp = await self.proxy.fast.post(
-                self.upstream_path, self._upstream_headers(), orjson.dumps(body)
-            )
-        except UpstreamFailure as exc:
-            upstream_failed(self.proxy, exc.kind)
-            return None
+        if self.rw.engine_limited:  # the engine's own limit: the rest of the context
+            body.pop("max_tokens", None)
+        for refit in (True, False):
+            try:
+                resp = await self.proxy.fast.post(
+                    self.upstream_path, self._upstream_headers(), orjson.dumps(body)
+                )
+            except UpstreamFailure as exc:
+                upstream_failed(self.proxy, exc.kind)
+                return None
+            if not (refit and resp.status_code == 400):
+                break
+            # The prompt grew by the kept text, re-tokenized: the budget left may now overrun
+            # the context by a few tokens on engines that check prompt + limit (older vLLM).
+            try:
+                error = context_error(400, await resp.aread())
+            except UpstreamFailure:
+                error = None
+            finally:
+                await resp.aclose()
+            fields = [k for k in ("max_tokens", "max_completion_tokens") if k in body]
+            if error is None or error.allowed < 1 or not fields:
+                upstream_failed(self.proxy, "status", 400)
+                return None
+            for key in fields:
+                body[key] = min(body[key], error.allowed)
         if resp.status_code != 200 or not _is_sse(resp.headers):
             upstream_failed(self.proxy, "status", resp.status_code)
             await resp.aclose()
@@ -607,7 +681,10 @@ class _GuardedCall:
         guard = self.guard
         if guard is not None:
             outcome = guard.outcome(client_gone=client_gone)
-            choices = guard.records(self.rw.max_tokens)
+            limit = self.rw.max_tokens
+            if self.rw.engine_limited and guard.prompt_tokens is not None:
+                limit -= guard.prompt_tokens  # the engine's own: the rest of the context
+            choices = guard.records(limit)
             model = self.rw.model or str((guard.template or {}).get("model") or "unknown")
         else:
             outcome = (

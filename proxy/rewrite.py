@@ -58,7 +58,7 @@ SURFACE_SAMPLING_FIELDS: Mapping[str, frozenset[str]] = {
     "messages": frozenset({"temperature", "top_p", "top_k", "stop_sequences"}),
 }  # fmt: skip
 #: The token-limit field of each newer route.
-_SURFACE_LIMIT = {"responses": "max_output_tokens", "messages": "max_tokens"}
+SURFACE_LIMIT = {"responses": "max_output_tokens", "messages": "max_tokens"}
 
 #: Shortest user message (in characters) worth identifying; shorter ones are too often misjudged.
 _MIN_LANGUAGE_CHARS = 20
@@ -141,6 +141,9 @@ class Rewrite:
     #: The proxy asked for logprobs the client did not (GUARD_REQUEST_LOGPROBS): the relay
     #: feeds them to the detector and removes them from the client's answer.
     injected_logprobs: bool = False
+    #: No limit was sent: the engine's own (the rest of its context, at most ``max_tokens``)
+    #: is within the default. Follow-up requests (heal's continuations) send none either.
+    engine_limited: bool = False
 
 
 def _request_logprobs(out: dict[str, Any], endpoint: Endpoint) -> bool:
@@ -169,18 +172,25 @@ def language_instruction(code: str) -> str:
 
 
 def rewrite_request(
-    body: Any, endpoint: Endpoint, policy: RewritePolicy, *, usage_options: bool = True
+    body: Any,
+    endpoint: Endpoint,
+    policy: RewritePolicy,
+    *,
+    usage_options: bool = True,
+    engine_limit: int | None = None,
 ) -> Rewrite:
     """Validate the fields the guard relies on and build the upstream request.
 
     The client's dict is not modified. ``usage_options=False`` is the fallback for engines that
     reject ``stream_options`` (or its vLLM-only ``continuous_usage_stats``): the client's own
-    stream options are then passed through unchanged.
+    stream options are then passed through unchanged. ``engine_limit`` is the largest limit the
+    engine accepts for this request (the model's context, :mod:`proxy.engine_context`), when
+    known: a default above it is never sent.
     """
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
-    if endpoint in _SURFACE_LIMIT:
-        return _rewrite_surface(dict(body), endpoint, policy)
+    if endpoint in SURFACE_LIMIT:
+        return _rewrite_surface(dict(body), endpoint, policy, engine_limit)
     out = dict(body)
 
     model = _optional(out, "model", str)
@@ -202,7 +212,7 @@ def rewrite_request(
         )
 
     _apply_sampling_defaults(out, model, policy.sampling_defaults)
-    max_tokens, action, header = _limit_max_tokens(out, endpoint, policy)
+    max_tokens, action, header = _limit_max_tokens(out, endpoint, policy, engine_limit)
     expected, injected = _constrain_language(out, endpoint, policy.language, policy.expect_language)
 
     out["stream"] = True
@@ -221,17 +231,20 @@ def rewrite_request(
         client_stream=client_stream,
         client_wants_usage=include_usage if client_stream else True,
         max_tokens=max_tokens,
-        max_tokens_action=action,
+        max_tokens_action=None if action == "engine" else action,
         max_tokens_header=header,
         expected_language=expected,
         injected_language=injected,
         structured=_is_structured(out),
         n=n or 1,
         injected_logprobs=injected_logprobs,
+        engine_limited=action == "engine",
     )
 
 
-def _rewrite_surface(out: dict[str, Any], endpoint: Endpoint, policy: RewritePolicy) -> Rewrite:
+def _rewrite_surface(
+    out: dict[str, Any], endpoint: Endpoint, policy: RewritePolicy, engine_limit: int | None
+) -> Rewrite:
     """``rewrite_request`` for ``/v1/responses`` and ``/v1/messages`` (see the module docstring)."""
     model = _optional(out, "model", str)
     client_stream = bool(_optional(out, "stream", bool))
@@ -255,7 +268,7 @@ def _rewrite_surface(out: dict[str, Any], endpoint: Endpoint, policy: RewritePol
             for pattern, fields in policy.sampling_defaults.items()
         }
         _apply_sampling_defaults(out, model, defaults)
-    max_tokens, action, header = _limit_surface_tokens(out, endpoint, policy)
+    max_tokens, action, header = _limit_surface_tokens(out, endpoint, policy, engine_limit)
     expected, injected = _constrain_surface_language(out, endpoint, policy.language)
     out["stream"] = True
     fmt = out.get("text")
@@ -267,27 +280,39 @@ def _rewrite_surface(out: dict[str, Any], endpoint: Endpoint, policy: RewritePol
         client_stream=client_stream,
         client_wants_usage=True,
         max_tokens=max_tokens,
-        max_tokens_action=action,
+        max_tokens_action=None if action == "engine" else action,
         max_tokens_header=header,
         expected_language=expected,
         injected_language=injected,
         structured=structured or out.get("structured_outputs") is not None,
         n=1,
+        engine_limited=action == "engine",
     )
 
 
-def _limit_surface_tokens(
-    body: dict[str, Any], endpoint: Endpoint, policy: RewritePolicy
+def _default_limit(
+    body: dict[str, Any], field: str, default: int, engine_limit: int | None
 ) -> tuple[int, str | None, str]:
-    field = _SURFACE_LIMIT[endpoint]
+    """The limit of a request that set none: ``default``, unless the engine's own limit — the
+    rest of its context, at most ``engine_limit`` — is already within it; then none is sent
+    (a default above the context is a 400 on vLLM, and the rest of the context is exactly what
+    a default cut to fit would be, whatever the prompt's length)."""
+    if engine_limit is not None and engine_limit <= default:
+        return engine_limit, "engine", f"engine; value={engine_limit}"
+    body[field] = default
+    return default, "defaulted", f"defaulted; value={default}"
+
+
+def _limit_surface_tokens(
+    body: dict[str, Any], endpoint: Endpoint, policy: RewritePolicy, engine_limit: int | None
+) -> tuple[int, str | None, str]:
+    field = SURFACE_LIMIT[endpoint]
     value = _optional(body, field, int)
     cap = policy.max_tokens_cap
     if value is None:
         if endpoint == "messages":
             raise BadRequest("'max_tokens' is required.", param="max_tokens")
-        limit = min(policy.max_tokens_default, cap)
-        body[field] = limit
-        return limit, "defaulted", f"defaulted; value={limit}"
+        return _default_limit(body, field, min(policy.max_tokens_default, cap), engine_limit)
     if value < 1:
         raise BadRequest(f"'{field}' must be at least 1.", param=field)
     if value <= cap:
@@ -389,7 +414,7 @@ def _apply_sampling_defaults(
 
 
 def _limit_max_tokens(
-    body: dict[str, Any], endpoint: Endpoint, policy: RewritePolicy
+    body: dict[str, Any], endpoint: Endpoint, policy: RewritePolicy, engine_limit: int | None
 ) -> tuple[int, str | None, str]:
     fields = ("max_completion_tokens", "max_tokens") if endpoint == "chat" else ("max_tokens",)
     requested = {}
@@ -404,9 +429,7 @@ def _limit_max_tokens(
         default = (
             policy.max_tokens_default if endpoint == "chat" else COMPLETIONS_DEFAULT_MAX_TOKENS
         )
-        limit = min(default, policy.max_tokens_cap)
-        body["max_tokens"] = limit
-        return limit, "defaulted", f"defaulted; value={limit}"
+        return _default_limit(body, "max_tokens", min(default, policy.max_tokens_cap), engine_limit)
 
     cap = policy.max_tokens_cap
     over = {f: v for f, v in requested.items() if v > cap}

@@ -216,6 +216,7 @@ def create_served_app() -> Any:
                     metrics,
                     settings.upstream_check_interval,
                     headers=upstream_headers(settings),
+                    contexts=app.proxy.contexts,
                 )
             )
             try:

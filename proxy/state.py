@@ -13,6 +13,7 @@ import httpx
 
 from proxy.bounds import Bounds, Expiry
 from proxy.detect import DetectorConfig
+from proxy.engine_context import EngineContexts
 from proxy.metrics import Metrics
 from proxy.rewrite import RewritePolicy
 from proxy.settings import Settings
@@ -44,6 +45,8 @@ class Proxy:
         self.fast = UpstreamClient(self.upstream)
         #: Off for a while once this upstream rejected the usage stream options.
         self.usage_options = UsageOptions(on_change=metrics.usage_options_fallback)
+        #: Each model's context, so a default limit never exceeds it (proxy/engine_context.py).
+        self.contexts = EngineContexts()
         self.bounds = Bounds(
             write_timeout=settings.client_write_timeout,
             deadline=settings.request_deadline,

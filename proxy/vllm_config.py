@@ -6,7 +6,8 @@ Two background tasks of each worker, both never raising out of their loops:
   ``/v1/models``. While the engine does not answer it says so at every check (a proxy that only
   returns 502s must not stay silent) and says when it comes back. The model list it reads bounds
   the metrics' ``model`` label (:meth:`Metrics.set_engine_models`): a client sending junk model
-  names gets ``other``, never a series of its own. ``serve``'s app factory
+  names gets ``other``, never a series of its own, and each model's ``max_model_len`` keeps the
+  default token limit within the context (:mod:`proxy.engine_context`). ``serve``'s app factory
   (:func:`proxy.serve.create_served_app`) starts it; :func:`probe_engine_sync` is the same check
   for ``serve``'s start-up report in the parent process.
 * :func:`watch_upstream_config` reads the engine's ``/metrics`` (below).
@@ -36,6 +37,7 @@ from typing import Any
 import httpx
 import orjson
 
+from proxy.engine_context import EngineContexts, model_contexts
 from proxy.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -140,6 +142,8 @@ class EngineStatus:
     detail: str
     #: Model ids from /v1/models; None when the list could not be read.
     models: tuple[str, ...] | None = None
+    #: Each listed model's ``max_model_len`` (vLLM lists it; other engines may not).
+    contexts: Mapping[str, int] | None = None
 
 
 def _describe(exc: httpx.HTTPError) -> str:
@@ -180,7 +184,7 @@ def engine_status(
         return EngineStatus(True, f"/health {health}; /v1/models failed: {_describe(models)}")
     if models != 200 or listed is None:
         return EngineStatus(True, f"/health {health}; /v1/models answered {models}")
-    return EngineStatus(True, f"/health {health}", listed)
+    return EngineStatus(True, f"/health {health}", listed, model_contexts(models_body))
 
 
 async def probe_engine(
@@ -249,7 +253,9 @@ class EngineMonitor:
         interval: float,
         headers: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        contexts: EngineContexts | None = None,
     ) -> None:
+        self._contexts = contexts
         self._client = client
         self._url = upstream_url
         self._metrics = metrics
@@ -307,6 +313,8 @@ class EngineMonitor:
         if status.models is not None:
             self.models = status.models
             self._metrics.set_engine_models(status.models)
+        if status.contexts is not None and self._contexts is not None:
+            self._contexts.update(status.contexts)
 
 
 async def watch_engine(
@@ -316,15 +324,18 @@ async def watch_engine(
     interval: float,
     *,
     headers: Mapping[str, str] | None = None,
+    contexts: EngineContexts | None = None,
 ) -> None:
     """Check now, then every ``interval`` seconds, until cancelled; ``interval`` <= 0: return.
 
     Start it as a background task of each worker's lifespan (keep a reference; cancel it at
-    shutdown); it never blocks start-up.
+    shutdown); it never blocks start-up. ``contexts`` gets each model's context as listed.
     """
     if interval <= 0:
         return
-    monitor = EngineMonitor(client, upstream_url, metrics, interval=interval, headers=headers)
+    monitor = EngineMonitor(
+        client, upstream_url, metrics, interval=interval, headers=headers, contexts=contexts
+    )
     while True:
         try:
             await monitor.check()

@@ -7,6 +7,7 @@ import logging
 import httpx
 import pytest
 
+from proxy.engine_context import EngineContexts
 from proxy.metrics import OTHER, Metrics
 from proxy.vllm_config import (
     EngineMonitor,
@@ -17,7 +18,7 @@ from proxy.vllm_config import (
     probe_engine,
     watch_engine,
 )
-from tests.fakes.vllm import FakeVLLM
+from tests.fakes.vllm import FakeVLLM, Script
 from tests.net import free_port
 
 LOGGER = "proxy.vllm_config"
@@ -59,8 +60,21 @@ async def test_probe_reads_health_and_models_from_the_fake_engine(
 ) -> None:
     async with httpx.AsyncClient() as client:
         status = await probe_engine(client, fake_upstream.url + "/")
-    assert status == EngineStatus(True, "/health 200", (fake_upstream.script.model,))
+    assert status == EngineStatus(True, "/health 200", (fake_upstream.script.model,), {})
     assert [r.path for r in fake_upstream.requests] == ["/health", "/v1/models"]
+
+
+async def test_the_monitor_keeps_each_models_context(fake_upstream: FakeVLLM) -> None:
+    """What vLLM lists as max_model_len reaches the proxy's contexts at every check."""
+    fake_upstream.script = Script(max_model_len=4096)
+    contexts = EngineContexts()
+    async with httpx.AsyncClient() as client:
+        monitor = EngineMonitor(
+            client, fake_upstream.url, Metrics(), interval=30, contexts=contexts
+        )
+        status = await monitor.check()
+    assert status.contexts == {"fake-model": 4096}
+    assert contexts.get("fake-model") == 4096
 
 
 async def test_probe_of_a_closed_port_says_it_cannot_connect() -> None:

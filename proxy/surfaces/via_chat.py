@@ -95,7 +95,8 @@ def to_chat(endpoint: Endpoint, rw: Rewrite, *, usage: bool, logprobs: bool) -> 
             out[key] = body[key]
     if endpoint == "messages" and body.get("stop_sequences"):
         out["stop"] = body["stop_sequences"]
-    out["max_tokens"] = rw.max_tokens
+    if not rw.engine_limited:  # else the engine's own limit applies here too
+        out["max_tokens"] = rw.max_tokens
     out["stream"] = True
     if usage:
         out["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}

@@ -68,6 +68,10 @@ class Script:
     hang: bool = False
     model: str = "fake-model"
     prompt_tokens: int = 7
+    #: The model's context: a limit that does not fit is refused with the 400 of
+    #: ``context_wording`` (vLLM's: "0.32" checks the limit alone, the older ones prompt + limit).
+    max_model_len: int | None = None
+    context_wording: str = "0.32"
     #: Delay before the chunked terminator that follows ``[DONE]`` (uvicorn writes it apart).
     tail_delay: float = 0.0
     #: The response id (default: ``chatcmpl-``/``cmpl-`` + a fixed suffix).
@@ -106,6 +110,8 @@ class FakeVLLM:
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        #: Whether /v1/models lists the script's ``max_model_len`` (vLLM does).
+        self.list_max_model_len = True
 
     @property
     def url(self) -> str:
@@ -222,11 +228,10 @@ class FakeVLLM:
         if path == "/health":
             return self._send(writer, 200, b"", "text/plain")
         if path == "/v1/models":
-            body = {
-                "object": "list",
-                "data": [{"id": self.script.model, "object": "model", "owned_by": "vllm"}],
-            }
-            return self._send(writer, 200, orjson.dumps(body))
+            entry: dict[str, Any] = {"id": self.script.model, "object": "model", "owned_by": "vllm"}
+            if self.script.max_model_len is not None and self.list_max_model_len:
+                entry["max_model_len"] = self.script.max_model_len
+            return self._send(writer, 200, orjson.dumps({"object": "list", "data": [entry]}))
         if path == "/version":
             return self._send(writer, 200, b'{"version":"0.11.0"}')
         if path in ("/tokenize", "/v1/embeddings", "/echo"):
@@ -324,6 +329,9 @@ class FakeVLLM:
             return self._send(writer, 400, err)
         chat = rec.path.startswith("/v1/chat")
         surface = SURFACE_PATHS[rec.path.split("?")[0]]
+        refusal = context_refusal(req, script)
+        if refusal is not None:
+            return self._send(writer, 400, refusal)
         if not req.get("stream"):
             if surface == "responses":
                 body = final_response(req, script)
@@ -639,6 +647,42 @@ def _response_object(req: dict[str, Any], script: Script, status: str) -> dict[s
         "usage": None,
         "user": None,
     }
+
+
+def context_refusal(req: dict[str, Any], script: Script) -> bytes | None:
+    """vLLM's 400 for a limit that does not fit the context, in the wording of
+    ``script.context_wording`` (vllm/renderers/params.py in 0.32; serving_engine.py before)."""
+    length = script.max_model_len
+    field = next(
+        (f for f in ("max_completion_tokens", "max_tokens", "max_output_tokens") if req.get(f)),
+        None,
+    )
+    if length is None or field is None:
+        return None
+    limit, prompt = req[field], script.prompt_tokens
+    if script.context_wording == "0.32":
+        if limit <= length:
+            return None
+        message = (
+            f"{field}={limit} cannot be greater than max_model_len={length}. "
+            "Please request fewer output tokens."
+        )
+    elif prompt + limit <= length:
+        return None
+    elif script.context_wording == "0.10":
+        message = (
+            f"'max_tokens' or 'max_completion_tokens' is too large: {limit}. This model's maximum "
+            f"context length is {length} tokens and your request has {prompt} input tokens "
+            f"({limit} > {length} - {prompt}). None"
+        )
+    else:
+        message = (
+            f"This model's maximum context length is {length} tokens. However, you requested "
+            f"{prompt + limit} tokens ({prompt} in the messages, {limit} in the completion). "
+            "Please reduce the length of the messages or completion."
+        )
+    error = {"message": message, "type": "BadRequestError", "param": field, "code": 400}
+    return orjson.dumps({"error": error})
 
 
 def _limited(req: dict[str, Any], script: Script, field: str) -> tuple[list[str], str, bool]:
