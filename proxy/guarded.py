@@ -260,7 +260,7 @@ class _GuardedCall:
         """The client's headers for the rewritten JSON body; the guard must read the stream
         uncompressed."""
         out = self.proxy.forward_headers(
-            self.headers.items(),
+            self.scope["headers"],  # every line as sent: repeats matter (Connection)
             self.scope.get(REQUEST_ID),
             drop=("accept-encoding", "content-type", "x-guard-mode"),
         )

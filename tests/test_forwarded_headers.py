@@ -74,3 +74,53 @@ def test_client_credentials_never_reach_the_engine_when_the_proxy_holds_its_key(
     assert b"client-secret" not in head and b"client-bearer" not in head
     assert b"x-api-key" not in head.lower()
     assert b"authorization: Bearer engine-key" in head
+
+
+@pytest.mark.parametrize(("method", "path", "body"), ROUTES, ids=["chat", "messages", "models"])
+def test_headers_named_by_any_connection_header_are_not_forwarded(
+    proxy_server: ProxyFactory,
+    canned_engine: EngineFactory,
+    method: str,
+    path: str,
+    body: bytes,
+) -> None:
+    engine = canned_engine(ANSWER)
+    base = proxy_server(upstream_url=engine.url)
+    lines = [b"connection: x-first", b"connection: x-second", b"x-first: 1", b"x-second: 2"]
+    raw_request(base, method, path, [*lines, b"x-kept: yes"], body)
+    (head,) = engine.heads
+    lower = head.lower()
+    assert b"x-first" not in lower and b"x-second" not in lower
+    assert b"x-kept: yes" in lower
+
+
+@pytest.mark.parametrize(("method", "path", "body"), ROUTES, ids=["chat", "messages", "models"])
+@pytest.mark.parametrize("name", [b"authorization: Bearer ", b"x-api-key: "])
+def test_a_repeated_credential_is_refused_before_the_engine(
+    proxy_server: ProxyFactory,
+    canned_engine: EngineFactory,
+    method: str,
+    path: str,
+    body: bytes,
+    name: bytes,
+) -> None:
+    """The proxy checks one credential: it must not let another one through with it."""
+    engine = canned_engine(ANSWER)
+    base = proxy_server(upstream_url=engine.url, api_keys=["good"])
+    answer = raw_request(base, method, path, [name + b"good", name + b"evil"], body)
+    assert status_of(answer) == 400
+    assert b"more than one API key header" in answer
+    assert engine.heads == []
+
+
+def test_without_a_proxy_key_every_credential_line_is_forwarded_as_sent(
+    proxy_server: ProxyFactory, canned_engine: EngineFactory
+) -> None:
+    """No key checked and none of its own: the engine sees what the client sent, all of it
+    (not the last of two, as a dict would have it)."""
+    engine = canned_engine(ANSWER)
+    base = proxy_server(upstream_url=engine.url)
+    lines = [b"authorization: Bearer one", b"authorization: Bearer two"]
+    raw_request(base, "POST", "/v1/chat/completions", lines, CHAT)
+    (head,) = engine.heads
+    assert b"Bearer one" in head and b"Bearer two" in head
