@@ -61,12 +61,12 @@ class Passthrough:
         async def work(watch: Watch) -> None:
             nonlocal status, head_sent
             client = proxy.client
-            req = client.build_request(
-                scope["method"],
-                target,
-                headers=proxy.forward_headers(scope["headers"], scope.get(REQUEST_ID)),
-                content=body,
-            )
+            out = proxy.forward_headers(scope["headers"], scope.get(REQUEST_ID))
+            if b"accept-encoding" not in headers:
+                # Else httpx asks for its own (gzip, br, ...) and the engine's compressed
+                # bytes would be relayed to a client that never asked for them.
+                out.append((b"accept-encoding", b"identity"))
+            req = client.build_request(scope["method"], target, headers=out, content=body)
             try:
                 resp = await client.send(req, stream=True)
             except httpx.HTTPError as exc:

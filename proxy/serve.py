@@ -137,6 +137,21 @@ def _upstream_given_in_dotenv() -> bool:
     return False
 
 
+#: Addresses only this host can reach.
+_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def open_relay(settings: Settings) -> bool:
+    """The proxy adds the engine's key to every request and checks none of its own, on an
+    address other hosts can reach: whoever reaches the port holds the engine's credential."""
+    return (
+        bool(settings.upstream_api_key)
+        and not settings.api_keys
+        and settings.host not in _LOOPBACK_HOSTS
+        and not settings.host.startswith("127.")
+    )
+
+
 def report_startup(settings: Settings, *, upstream_given: bool) -> None:
     """Log what the proxy will use: engine (default or not), whether it answers, its models."""
     import httpx
@@ -145,6 +160,13 @@ def report_startup(settings: Settings, *, upstream_given: bool) -> None:
     from proxy.vllm_config import describe_models, probe_engine_sync, upstream_headers
 
     url = mask_url(settings.upstream_url)
+    if open_relay(settings):
+        log.warning(
+            "GUARD_UPSTREAM_API_KEY is set and GUARD_API_KEYS is not, on %s: anyone who reaches "
+            "this port uses the engine with the proxy's key. Set GUARD_API_KEYS, or listen on "
+            "127.0.0.1",
+            settings.host,
+        )
     given = upstream_given or _upstream_given_in_dotenv()
     source = "" if given else " (the default: neither --upstream nor GUARD_UPSTREAM_URL is set)"
     log.info(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 
+import httpx
 import pytest
 
 from tests.conftest import CannedEngine
@@ -124,3 +125,34 @@ def test_without_a_proxy_key_every_credential_line_is_forwarded_as_sent(
     raw_request(base, "POST", "/v1/chat/completions", lines, CHAT)
     (head,) = engine.heads
     assert b"Bearer one" in head and b"Bearer two" in head
+
+
+def test_pass_through_asks_the_engine_for_no_encoding_the_client_did_not(
+    proxy_server: ProxyFactory, canned_engine: EngineFactory
+) -> None:
+    engine = canned_engine(ANSWER)
+    base = proxy_server(upstream_url=engine.url)
+    raw_request(base, "GET", "/v1/models", [], b"")
+    raw_request(base, "GET", "/v1/models", [b"accept-encoding: gzip"], b"")
+    first, second = (h.lower() for h in engine.heads)
+    assert b"gzip" not in first and b"br" not in first.split(b"accept-encoding:")[-1][:20]
+    assert b"accept-encoding: identity" in first
+    assert b"accept-encoding: gzip" in second
+
+
+@pytest.mark.parametrize(
+    ("configured", "named"),
+    [("127.0.0.1", "localhost"), ("localhost", "127.0.0.1"), ("127.0.0.1", "[::1]")],
+)
+def test_a_location_naming_the_engine_by_another_loopback_name_is_made_relative(
+    proxy_server: ProxyFactory, canned_engine: EngineFactory, configured: str, named: str
+) -> None:
+    engine = canned_engine(b"")
+    engine.response = (
+        b"HTTP/1.1 307 Temporary Redirect\r\nlocation: http://%s:%d/v1/other?x=1\r\n"
+        b"content-length: 0\r\n\r\n" % (named.encode(), engine.port)
+    )
+    base = proxy_server(upstream_url=f"http://{configured}:{engine.port}")
+    resp = httpx.get(base + "/v1/somewhere")
+    assert resp.status_code == 307
+    assert resp.headers["location"] == "/v1/other?x=1"

@@ -441,3 +441,22 @@ def test_serve_with_one_worker_clears_a_previous_process_metrics_files(
     assert 'route="/v1/chat/completions"' not in body
     # The operator's directory is kept (only one the proxy made itself is removed).
     assert metrics_dir.is_dir()
+
+
+def test_serve_warns_of_an_open_relay_holding_the_engines_key(tmp_path: Path) -> None:
+    """GUARD_UPSTREAM_API_KEY without GUARD_API_KEYS on a reachable address: whoever reaches
+    the port uses the engine with the proxy's key. Said at start-up, not found out later."""
+    port = free_port()
+    proc = _serve(
+        ["--port", str(port), "--host", "0.0.0.0"],
+        tmp_path,
+        GUARD_UPSTREAM_API_KEY="engine-key",
+        GUARD_UPSTREAM_CHECK_INTERVAL="0",
+    )
+    err = _Stderr(proc)
+    try:
+        line = err.wait_for(lambda line: "GUARD_UPSTREAM_API_KEY" in line or "running on" in line)
+        assert "GUARD_API_KEYS is not" in line and "WARNING" in line
+        assert "engine-key" not in "\n".join(err.lines)
+    finally:
+        _stop(proc, err)
