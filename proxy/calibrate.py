@@ -578,7 +578,10 @@ def run(args: argparse.Namespace) -> int:
             output.mkdir(parents=True, exist_ok=True)
             write_outputs(summary, output)
         elif args.demo:
-            summary = _run_demo(args, output)
+            from proxy.demo import sigterm_as_interrupt
+
+            with sigterm_as_interrupt():  # the engine child is stopped on SIGTERM too
+                summary = _run_demo(args, output)
         elif args.url:
             summary = calibrate(
                 args.url, output, models=args.model, prompts=_prompts_of(args),
