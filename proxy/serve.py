@@ -251,6 +251,15 @@ def create_served_app() -> Any:
     return app
 
 
+#: Seconds an idle client connection stays open (uvicorn's default is 5). A server must not
+#: close an idle connection before its clients stop reusing it: a request a client writes on
+#: a connection the server is closing that same moment is lost (a reset, and the request never
+#: reaches the proxy; a POST is not retried). Clients' pools expire idle connections first
+#: when this is longer than theirs: httpx 5 s, aiohttp 15 s, nginx and most load balancers
+#: 60 s; 75 s is nginx's own server-side default.
+KEEPALIVE_TIMEOUT = 75
+
+
 def _serve(settings: Settings) -> None:
     import uvicorn
 
@@ -270,4 +279,5 @@ def _serve(settings: Settings) -> None:
         log_level=None,
         access_log=settings.access_log,
         timeout_graceful_shutdown=10,
+        timeout_keep_alive=KEEPALIVE_TIMEOUT,
     )

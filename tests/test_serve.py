@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
+import socket
 import subprocess
 import sys
 import threading
@@ -458,5 +460,39 @@ def test_serve_warns_of_an_open_relay_holding_the_engines_key(tmp_path: Path) ->
         line = err.wait_for(lambda line: "GUARD_UPSTREAM_API_KEY" in line or "running on" in line)
         assert "GUARD_API_KEYS is not" in line and "WARNING" in line
         assert "engine-key" not in "\n".join(err.lines)
+    finally:
+        _stop(proc, err)
+
+
+def test_an_idle_client_connection_outlives_the_clients_own_pool_expiry(
+    fake_upstream: FakeVLLM, tmp_path: Path
+) -> None:
+    """A client pool (httpx: 5 s) reuses a connection idle for a few seconds. Had the server
+    closed it meanwhile (uvicorn's default: 5 s), the request written on it is lost: a reset,
+    nothing in the proxy's log, nothing at the engine. A slow client loop (a stalled event
+    loop) stretches those seconds past 5."""
+    port = free_port()
+    proc = _serve(["--port", str(port), "--upstream", fake_upstream.url], tmp_path)
+    err = _Stderr(proc)
+    try:
+        assert wait_healthy(f"http://127.0.0.1:{port}/health", timeout=30)
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+            first = b""
+            while not first.endswith(b"}"):  # the whole answer: {"status":"ok"}
+                first += sock.recv(65536)
+            assert first.startswith(b"HTTP/1.1 200")
+            time.sleep(6.5)
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                b"application/json\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
+            )
+            answer = b""
+            with contextlib.suppress(ConnectionResetError):
+                while b"\r\n\r\n" not in answer and (part := sock.recv(65536)):
+                    answer += part
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        assert len(fake_upstream.guarded_requests()) == 1
     finally:
         _stop(proc, err)
