@@ -567,6 +567,15 @@ def run(args: argparse.Namespace) -> int:
     if not 0.0 <= args.quantile <= 1.0:
         print("coherence-guard calibrate: --quantile must be in [0, 1]", file=sys.stderr)
         return EXIT_USAGE
+    try:  # the plots come at the end of a run: find out before it, not after
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print(
+            "coherence-guard calibrate: the report's plots need matplotlib: "
+            "pip install 'coherence-guard[calibrate]'",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     try:
         if args.from_prometheus:
             from proxy.calibrate_report import write_outputs
