@@ -40,7 +40,8 @@ _FLAGS = {
 
 DESCRIPTION = """\
 Run the proxy: clients talk to it instead of the engine (http://HOST:PORT/v1), and every
-/v1/chat/completions and /v1/completions stream passes through the degeneration detector.
+answer of /v1/chat/completions, /v1/completions, /v1/responses and /v1/messages passes
+through the degeneration detector; the engine's other routes are relayed as they are.
 """
 
 EPILOG = """\
@@ -178,12 +179,24 @@ def report_startup(settings: Settings, *, upstream_given: bool) -> None:
         url,
         source,
     )
+    headers = upstream_headers(settings)
     with httpx.Client(verify=_probe_verify(settings), trust_env=False) as client:
-        status = probe_engine_sync(client, settings.upstream_url, upstream_headers(settings))
+        status = probe_engine_sync(client, settings.upstream_url, headers)
+        unguarded = (
+            served_unguarded(client, settings.upstream_url, headers)
+            if status.answers and settings.unguarded_routes == "pass"
+            else []
+        )
     if status.answers:
         log.info(
             "engine at %s answers (%s; %s)", url, status.detail, describe_models(status.models)
         )
+        if unguarded:
+            log.warning(
+                "this engine serves routes that generate text unguarded (relayed as they are; "
+                "GUARD_UNGUARDED_ROUTES=reject refuses them): %s",
+                ", ".join(unguarded),
+            )
     else:
         log.warning(
             "engine at %s does not answer: %s; starting anyway: guarded requests get 502 until "
@@ -192,6 +205,28 @@ def report_startup(settings: Settings, *, upstream_given: bool) -> None:
             status.detail,
             "" if given else " (give the engine with --upstream URL)",
         )
+
+
+def served_unguarded(client: Any, upstream_url: str, headers: Any) -> list[str]:
+    """The engine routes that generate text without the guard (see
+    :data:`proxy.paths.UNGUARDED_GENERATING`) that this engine lists in its ``/openapi.json``
+    (vLLM's FastAPI app does). Why: a warning about routes the engine does not have is noise
+    that hides the one that matters. An engine without the document gets no warning."""
+    import httpx
+
+    from proxy.paths import UNGUARDED_GENERATING
+    from proxy.vllm_config import CHECK_TIMEOUT
+
+    try:
+        resp = client.get(
+            upstream_url.rstrip("/") + "/openapi.json", headers=headers, timeout=CHECK_TIMEOUT
+        )
+        paths = resp.json().get("paths") if resp.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return []
+    if not isinstance(paths, dict):
+        return []
+    return [path for path in UNGUARDED_GENERATING if path in paths]
 
 
 def _probe_verify(settings: Settings) -> Any:

@@ -496,3 +496,46 @@ def test_an_idle_client_connection_outlives_the_clients_own_pool_expiry(
         assert len(fake_upstream.guarded_requests()) == 1
     finally:
         _stop(proc, err)
+
+
+def test_serve_help_names_every_guarded_route() -> None:
+    out = subprocess.run([*CLI, "serve", "--help"], capture_output=True, text=True, env=_env())
+    text = " ".join(out.stdout.split())
+    for route in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"):
+        assert route in text
+
+
+def _startup_lines(proc: subprocess.Popen[str]) -> list[str]:
+    err = _Stderr(proc)
+    try:
+        err.wait_for(lambda line: "Application startup complete" in line)
+        return err.lines
+    finally:
+        _stop(proc, err)
+
+
+def test_serve_warns_of_no_unguarded_route_without_an_engine(tmp_path: Path) -> None:
+    lines = _startup_lines(
+        _serve(["--port", str(free_port()), "--upstream", f"http://127.0.0.1:{free_port()}"],
+               tmp_path)
+    )  # fmt: skip
+    assert not [line for line in lines if "unguarded" in line], lines
+
+
+def test_serve_warns_of_the_unguarded_routes_this_engine_serves(tmp_path: Path) -> None:
+    """Named from the engine's own /openapi.json (vLLM serves one): only those it has."""
+    from tests.conftest import CannedEngine
+
+    doc = json.dumps({"paths": {"/inference/v1/generate": {}, "/v1/models": {}}}).encode()
+    engine = CannedEngine(
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+        b"connection: close\r\n\r\n%b" % (len(doc), doc)
+    )
+    try:
+        lines = _startup_lines(_serve(["--port", str(free_port()), "--upstream", engine.url],
+                                      tmp_path))  # fmt: skip
+    finally:
+        engine.close()
+    (warning,) = [line for line in lines if "unguarded" in line]
+    assert "WARNING" in warning and "/inference/v1/generate" in warning
+    assert "/v1/audio/transcriptions" not in warning and "/invocations" not in warning
