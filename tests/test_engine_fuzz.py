@@ -211,4 +211,5 @@ def test_misbehaving_engine_never_loses_or_mixes_a_request(seed: int, tmp_path: 
             proc.terminate()
             proc.wait(15)
             log.close()
-        assert bad == [], (tmp_path / "proxy.log").read_text()[-3000:]
+        log_tail = (tmp_path / "proxy.log").read_text()[-3000:]
+        assert bad == [], f"{bad}\n{log_tail}"
