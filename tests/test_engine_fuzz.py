@@ -204,7 +204,7 @@ def test_misbehaving_engine_never_loses_or_mixes_a_request(seed: int, tmp_path: 
         )  # fmt: skip
         try:
             base = f"http://127.0.0.1:{port}"
-            assert wait_healthy(base + "/health", timeout=30, alive=lambda: proc.poll() is None)
+            assert wait_healthy(base + "/health", timeout=90, alive=lambda: proc.poll() is None)
             bad = asyncio.run(_client_run(base, n, engine))
             assert httpx.get(base + "/health").status_code == 200
         finally:
