@@ -159,12 +159,6 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if settings.unguarded_routes == "pass":
-            log.warning(
-                "engine routes that generate text are relayed unguarded "
-                "(GUARD_UNGUARDED_ROUTES=reject refuses them): %s",
-                ", ".join(UNGUARDED_GENERATING),
-            )
         if settings.mode != "off":
             # Lazy parts of the detector (the language model: ~0.4 s) load now, not inside the
             # first request, where they would stall every stream of this worker.

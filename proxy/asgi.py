@@ -12,6 +12,7 @@ coroutine call on every relayed chunk, so each endpoint writes them into its own
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
@@ -57,6 +58,30 @@ def abort_connection(send: Send) -> bool:
     if abort is None:
         return False
     abort()
+    return True
+
+
+async def cut_response(send: Send, linger: float) -> bool:
+    """End a started response *without* its end: the connection is closed after what is
+    buffered for the client, so the terminating chunk never goes out (or the body stays
+    shorter than its ``Content-Length``) and every HTTP client sees an incomplete body.
+
+    Why: the engine cut its answer. A clean end (``0\r\n\r\n``) would hand the client a
+    truncated body as if it were complete. ASGI has no "abort"; uvicorn's ``send`` is a bound
+    method of its request cycle, which holds the transport (see :func:`abort_connection`). A
+    client that does not read what is buffered gets ``linger`` seconds, then the connection
+    is aborted. Returns False when ``send`` is anything else: the caller then returns without
+    ending the response and the server closes the connection its own way."""
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    if transport is None or not hasattr(transport, "close"):
+        return False
+    if not transport.is_closing():
+        transport.close()
+        if transport.get_write_buffer_size():
+            asyncio.get_running_loop().call_later(linger, transport.abort)
+    # Let the server see the connection gone before the endpoint returns (else it reports a
+    # response that was never completed).
+    await asyncio.sleep(0)
     return True
 
 

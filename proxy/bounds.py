@@ -28,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from proxy.asgi import Receive, Send, abort_connection
+from proxy.asgi import Message, Receive, Send, abort_connection
 
 log = logging.getLogger("coherence_guard")
 
@@ -61,6 +61,17 @@ class Watch:
         self.seen_at = 0.0
         self.started = time.monotonic()
         self.expired: Expiry | None = None
+
+    async def send_last(self, send: Send, message: Message) -> None:
+        """The answer's last ``send``: no longer cancelled by a disconnect or the deadline, but
+        timed like every other (a client that stops reading when the last chunk fills its
+        buffer would otherwise hold the handler, and the engine's connection, for ever)."""
+        self.cancellable = False
+        self.seq += 1
+        try:
+            await send(message)
+        finally:
+            self.seq += 1
 
     def stalled(self) -> bool:
         """The client stopped reading (a method: ``expired`` changes under an ``await``)."""

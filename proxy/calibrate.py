@@ -567,6 +567,15 @@ def run(args: argparse.Namespace) -> int:
     if not 0.0 <= args.quantile <= 1.0:
         print("coherence-guard calibrate: --quantile must be in [0, 1]", file=sys.stderr)
         return EXIT_USAGE
+    try:  # the plots come at the end of a run: find out before it, not after
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print(
+            "coherence-guard calibrate: the report's plots need matplotlib: "
+            "pip install 'coherence-guard[calibrate]'",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     try:
         if args.from_prometheus:
             from proxy.calibrate_report import write_outputs
@@ -578,7 +587,10 @@ def run(args: argparse.Namespace) -> int:
             output.mkdir(parents=True, exist_ok=True)
             write_outputs(summary, output)
         elif args.demo:
-            summary = _run_demo(args, output)
+            from proxy.demo import sigterm_as_interrupt
+
+            with sigterm_as_interrupt():  # the engine child is stopped on SIGTERM too
+                summary = _run_demo(args, output)
         elif args.url:
             summary = calibrate(
                 args.url, output, models=args.model, prompts=_prompts_of(args),

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.calibrate_stats import (
+    CAP_BUDGET,
     Observation,
     Setting,
     best_setting,
@@ -95,11 +96,20 @@ def summarize(
         cap = recommend_cap(points, quantile, margin)
         if cap is None:
             cap_reason = f"no answer degenerated within max_tokens={max_tokens}: no cap to derive"
+        elif (cut := truncated_share(observations, cap)) > CAP_BUDGET:
+            cap_reason = (
+                f"no cap recommended: no cap separates the loops from the coherent answers (the "
+                f"{quantile:g} quantile of {len(points)} degeneration positions "
+                f"({_quantile_text(points, quantile)}) minus {margin} is {cap}, which would cut "
+                f"{cut:.0%} of the coherent answers, more than the {CAP_BUDGET:.0%} a cap may "
+                "cut); against the loops use the sampling setting below or GUARD_MODE=heal"
+            )
+            cap = None
         else:
             cap_reason = (
                 f"cap {cap} = the {quantile:g} quantile of {len(points)} degeneration positions "
                 f"({_quantile_text(points, quantile)}) minus {margin}; it would cut "
-                f"{truncated_share(observations, cap):.0%} of the coherent answers"
+                f"{cut:.0%} of the coherent answers"
             )
         temperatures = len({s.temperature for s in settings})
         sampling, sampling_reason = _sampling(settings, temperatures)
@@ -424,7 +434,7 @@ def render_env(summary: dict[str, Any]) -> str:
         lines.append("# requests that set no max_tokens get the cap too")
         lines.append(f"GUARD_MAX_TOKENS_DEFAULT={min(caps)}")
     else:
-        lines.append("# GUARD_MAX_TOKENS_CAP: nothing to recommend (no degeneration measured)")
+        lines.append("# GUARD_MAX_TOKENS_CAP: none recommended (the reason is above)")
     if sampling:
         lines.append(
             "# vLLM's field name; llama.cpp's server reads repeat_penalty (and repeat_last_n "

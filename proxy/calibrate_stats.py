@@ -12,7 +12,8 @@ From the degeneration positions come the recommendations:
 * **max_tokens cap**: the ``quantile`` of the positions minus ``margin`` tokens. Below it, few of
   the measured loops had begun; above it, generation is mostly spent on loops. The share of
   coherent answers that were longer than the cap is reported next to it, because a cap cuts those
-  too.
+  too; beyond :data:`CAP_BUDGET` of them no cap is recommended (no cap separates the loops from
+  the healthy answers).
 * **sampling setting**: the (repetition_penalty, temperature) with the fewest degenerate answers;
   on a tie the mildest (lowest penalty, then lowest temperature), since every penalty also bends
   healthy text.
@@ -108,6 +109,12 @@ def quantile(values: Sequence[float], q: float) -> float:
     lo = math.floor(h)
     hi = min(lo + 1, len(ordered) - 1)
     return ordered[lo] + (h - lo) * (ordered[hi] - ordered[lo])
+
+
+#: The largest share of coherent answers a recommended cap may cut. A cap that cuts more breaks
+#: the answers the guard is there to protect: no cap is recommended then (the sampling setting
+#: or heal mode deal with the loops instead).
+CAP_BUDGET = 0.01
 
 
 def recommend_cap(points: Sequence[float], q: float, margin: int) -> int | None:

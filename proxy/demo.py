@@ -204,15 +204,42 @@ def start_child(
         )  # fmt: skip
     child = Child(name, url, proc, log_path)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise DemoError(f"{name} exited with {proc.returncode}; its log:\n{child.log_tail()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + ready_path, timeout=2).status_code == 200:
-                return child
-        time.sleep(0.2)
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                tail = child.log_tail()
+                raise DemoError(f"{name} exited with {proc.returncode}; its log:\n{tail}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + ready_path, timeout=2).status_code == 200:
+                    return child
+            time.sleep(0.2)
+    except BaseException:  # interrupted while it starts: nobody else knows of it yet
+        child.stop()
+        raise
     child.stop()
     raise DemoError(f"{name} not ready after {timeout:.0f} s; log: {log_path}")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that the same ``finally`` blocks stop the children."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within: SIGTERM raises :class:`Terminated`. Why: the children run in their own session
+    (Ctrl-C in a terminal reaches the demo only), so nothing else stops them, and SIGTERM's
+    default action ends the process without running a single ``finally``. Once raised, further
+    SIGTERMs are ignored so that stopping the children runs to its end."""
+
+    def handler(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def default_threads() -> int:
@@ -512,7 +539,7 @@ def _wait_for_interrupt() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    out, err = sys.stdout, sys.stderr
+    err = sys.stderr
     status = Status(err)
     serve = not args.no_serve
     if serve and port_in_use(args.port):
@@ -522,37 +549,48 @@ def run(args: argparse.Namespace) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     try:
-        status.begin("finding the model file")
-        gguf = find_gguf(args.model, default_cache_dir())
-        status.end(str(gguf))
-        print(f"logs: {log_dir}/engine.log, {log_dir}/guard.log", file=err)
-        port = args.port if serve else free_port()
-        with demo_stack(gguf, log_dir, port, status, threads=args.threads) as (engine, guard):
-            rows = compare(engine.url, guard.url, status, args.max_tokens)
-            print(file=out)
-            print(render_table(rows), file=out)
-            print(file=out)
-            _explain(rows, out)
-            print(f"\n(demo took {time.monotonic() - started:.0f} s)", file=out)
-            out.flush()
-            if serve:
-                print(
-                    f"\nThe guard keeps serving SmolLM2 on {guard.url}/v1 (engine: {engine.url}).\n"
-                    f"  metrics: {guard.url}/metrics/quality\n"
-                    f"  try:     coherence-guard check --url {guard.url}\n"
-                    f"  logs:    {log_dir}\n"
-                    "Ctrl-C stops the guard and the engine.",
-                    file=out,
-                    flush=True,
-                )
-                _wait_for_interrupt()
-                print("\nstopping the guard and the engine", file=err)
+        with sigterm_as_interrupt():
+            return _run(args, status, serve, log_dir, started)
     except DemoError as exc:
         print(f"\ncoherence-guard demo: {exc}", file=err)
         return 2
+    except Terminated:
+        print("\nterminated; the guard and the engine are stopped", file=err)
+        return 143
     except KeyboardInterrupt:
         print("\ninterrupted; the guard and the engine are stopped", file=err)
         return 130
+
+
+def _run(
+    args: argparse.Namespace, status: Status, serve: bool, log_dir: Path, started: float
+) -> int:
+    out, err = sys.stdout, sys.stderr
+    status.begin("finding the model file")
+    gguf = find_gguf(args.model, default_cache_dir())
+    status.end(str(gguf))
+    print(f"logs: {log_dir}/engine.log, {log_dir}/guard.log", file=err)
+    port = args.port if serve else free_port()
+    with demo_stack(gguf, log_dir, port, status, threads=args.threads) as (engine, guard):
+        rows = compare(engine.url, guard.url, status, args.max_tokens)
+        print(file=out)
+        print(render_table(rows), file=out)
+        print(file=out)
+        _explain(rows, out)
+        print(f"\n(demo took {time.monotonic() - started:.0f} s)", file=out)
+        out.flush()
+        if serve:
+            print(
+                f"\nThe guard keeps serving SmolLM2 on {guard.url}/v1 (engine: {engine.url}).\n"
+                f"  metrics: {guard.url}/metrics/quality\n"
+                f"  try:     coherence-guard check --url {guard.url}\n"
+                f"  logs:    {log_dir}\n"
+                "Ctrl-C stops the guard and the engine.",
+                file=out,
+                flush=True,
+            )
+            _wait_for_interrupt()
+            print("\nstopping the guard and the engine", file=err)
     return 0
 
 

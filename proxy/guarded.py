@@ -28,12 +28,14 @@ from proxy.asgi import (
     Receive,
     Scope,
     Send,
+    cut_response,
     read_body,
     response_headers,
     scope_headers,
     send_error,
 )
 from proxy.bounds import Watch, watched
+from proxy.chunks import named_event
 from proxy.detect import Detector
 from proxy.engine_context import ContextError, context_error
 from proxy.errors import (
@@ -282,7 +284,7 @@ class _GuardedCall:
         """The client's headers for the rewritten JSON body; the guard must read the stream
         uncompressed."""
         out = self.proxy.forward_headers(
-            self.headers.items(),
+            self.scope["headers"],  # every line as sent: repeats matter (Connection)
             self.scope.get(REQUEST_ID),
             drop=("accept-encoding", "content-type", "x-guard-mode"),
         )
@@ -405,10 +407,16 @@ class _GuardedCall:
                 await send({"type": "http.response.body", "body": data, "more_body": True})
                 watch.seq += 1
         except UpstreamFailure as exc:
+            # The engine cut its answer: the surface's error event on a stream, then a cut
+            # body (never the clean end of a complete one; docs/failures.md).
             upstream_failed(self.proxy, exc.kind)
             self.upstream_failed = True
-        watch.cancellable = False
-        await send({"type": "http.response.body", "body": b""})
+            if self.sse_body:
+                await self._send_body(failure_event(self.protocol, exc.error), watch)
+            watch.cancellable = False
+            await cut_response(send, self.proxy.bounds.write_timeout)
+            return
+        await watch.send_last(send, {"type": "http.response.body", "body": b""})
 
     async def run(self, watch: Watch) -> None:
         resp = await self._open()
@@ -496,10 +504,10 @@ class _GuardedCall:
                 break
             resp, guard = nxt
             self.guard = guard
-        watch.cancellable = False
         if stream:
-            await self.send({"type": "http.response.body", "body": b""})
+            await watch.send_last(self.send, {"type": "http.response.body", "body": b""})
         else:
+            watch.cancellable = False
             await self._answer(guard)
         if guard.saw_done and not guard.aborted:
             await resp.drain(_DRAIN_SECONDS)
@@ -645,8 +653,7 @@ class _GuardedCall:
         self.stream_open = True
         self.proxy.metrics.stream_opened()
         await self._pump(resp, guard, watch, True, True)
-        watch.cancellable = False
-        await self.send({"type": "http.response.body", "body": b""})
+        await watch.send_last(self.send, {"type": "http.response.body", "body": b""})
 
     async def _collect(self, resp: UpstreamResponse, guard: StreamGuard, watch: Watch) -> None:
         await self._pump(resp, guard, watch, False, False)
@@ -660,18 +667,19 @@ class _GuardedCall:
         if not self.head_sent:
             await self._error(error)
             return
+        guard = self.guard if self.rw.client_stream else None
+        guarded = guard is not None
         if self.sse_body:
-            guard = self.guard
-            if guard is not None and self.rw.client_stream:
-                out = guard.upstream_failed(error)
-            elif self.protocol == "messages":
-                out = messages.error_event(error)
-            else:
-                out = encode_data(error.to_json()) + DONE_EVENT
-            self.watch.seq += 1
-            await self.send({"type": "http.response.body", "body": out, "more_body": True})
-            self.watch.seq += 1
-        await self.send({"type": "http.response.body", "body": b""})
+            out = (
+                failure_event(self.protocol, error)
+                if guard is None
+                else guard.upstream_failed(error)
+            )
+            await self._send_body(out, self.watch)
+        if guarded:
+            await self.watch.send_last(self.send, {"type": "http.response.body", "body": b""})
+        else:  # the engine's own body, relayed (off mode, an error): cut, never complete
+            await cut_response(self.send, self.proxy.bounds.write_timeout)
 
     def finish(self, *, client_gone: bool) -> None:
         proxy = self.proxy
@@ -761,6 +769,11 @@ class SurfaceSend:
         self._start: Message | None = None
         self._held: list[bytes] = []
 
+    @property
+    def transport(self) -> Any:
+        """The server's transport behind the wrapped ``send`` (see :func:`cut_response`)."""
+        return getattr(getattr(self._send, "__self__", None), "transport", None)
+
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self._stream = message["status"] == 200 and _is_sse(message.get("headers", []))
@@ -788,6 +801,18 @@ class SurfaceSend:
         headers.append((b"content-length", str(len(out)).encode()))
         await self._send({**start, "headers": headers})
         await self._send({"type": "http.response.body", "body": out})
+
+
+def failure_event(protocol: Endpoint, error: GuardError) -> bytes:
+    """The event that tells a stream's client the answer failed, in the surface's protocol
+    (for a stream the guard did not follow: ``off`` mode, a deadline)."""
+    if protocol == "messages":
+        return messages.error_event(error)
+    if protocol == "responses":
+        err = error.to_dict()["error"]
+        event = {"type": "error", "code": err.get("type"), "message": err.get("message")}
+        return named_event(event)
+    return encode_data(error.to_json()) + DONE_EVENT
 
 
 def _is_sse(headers: list[tuple[bytes, bytes]]) -> bool:

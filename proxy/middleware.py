@@ -98,10 +98,15 @@ class CanonicalPath:
 
 class Auth:
     """Client keys (``Authorization: Bearer``, or ``x-api-key``): GUARD_API_KEYS guard every
-    route except ``/health`` and ``/ready``;
-    GUARD_PROTECT_METRICS puts ``/metrics``, ``/metrics/quality`` and the engine's
-    ``/metrics/engine`` (relayed) behind GUARD_API_KEYS or GUARD_METRICS_API_KEYS. Without it
-    ``/metrics/engine`` is a relayed route like any other (GUARD_API_KEYS only).
+    route except the proxy's own (``/health``, ``/ready``, ``/metrics``, ``/metrics/quality``:
+    open unless GUARD_PROTECT_METRICS). GUARD_PROTECT_METRICS puts ``/metrics``,
+    ``/metrics/quality`` and the engine's ``/metrics/engine`` (relayed) behind GUARD_API_KEYS
+    or GUARD_METRICS_API_KEYS. Without it ``/metrics/engine`` is a relayed route like any
+    other (GUARD_API_KEYS only).
+
+    A request that repeats a credential header (two ``Authorization``, two ``x-api-key``) is
+    refused with 400 when keys are checked: the proxy would check one and the engine might
+    read the other.
 
     Also decides whether this request may send ``x-guard-mode``: with GUARD_OVERRIDE_API_KEYS
     set, only those keys may (they are accepted as API keys too); unset, any accepted client
@@ -136,7 +141,17 @@ class Auth:
             keys = self.metrics_keys
         else:
             keys = self.keys or None
-        key = _client_key(scope["headers"])
+        try:
+            key = _client_key(scope["headers"])
+        except _Ambiguous:
+            if keys is not None or self.override:
+                ambiguous = BadRequest(
+                    "The request carries more than one API key header.",
+                    code="ambiguous_api_key",
+                )
+                await send_error(send, ambiguous, scope_headers(scope), path=path)
+                return
+            key = None
         if keys is not None and (key is None or not _match(key, keys)):
             error = Unauthorized("Invalid or missing API key.", code="invalid_api_key")
             await send_error(send, error, scope_headers(scope), path=path)
@@ -145,19 +160,31 @@ class Auth:
         await self.app(scope, receive, send)
 
 
+class _Ambiguous(Exception):
+    """A credential header came more than once."""
+
+
 def _client_key(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
     """The key the client sent: ``Authorization: Bearer <key>`` (OpenAI's SDKs), else
     ``x-api-key: <key>`` (Anthropic's SDK sends its ``api_key`` only there, so without it an
-    Anthropic client could authenticate only through ``auth_token``)."""
+    Anthropic client could authenticate only through ``auth_token``). Raises
+    :class:`_Ambiguous` when either header is repeated."""
+    bearer: bytes | None = None
     api_key: bytes | None = None
+    seen_auth = False
     for name, value in headers:
         if name == b"authorization":
+            if seen_auth:
+                raise _Ambiguous
+            seen_auth = True
             scheme, _, key = value.partition(b" ")
             if scheme.lower() == b"bearer":
-                return key.strip()
-        elif name == b"x-api-key" and api_key is None:
+                bearer = key.strip()
+        elif name == b"x-api-key":
+            if api_key is not None:
+                raise _Ambiguous
             api_key = value.strip()
-    return api_key
+    return bearer if bearer is not None else api_key
 
 
 def _match(key: bytes, keys: list[bytes]) -> bool:

@@ -21,6 +21,7 @@ from proxy.asgi import (
     Receive,
     Scope,
     Send,
+    cut_response,
     read_body,
     response_headers,
     scope_headers,
@@ -61,12 +62,12 @@ class Passthrough:
         async def work(watch: Watch) -> None:
             nonlocal status, head_sent
             client = proxy.client
-            req = client.build_request(
-                scope["method"],
-                target,
-                headers=proxy.forward_headers(scope["headers"], scope.get(REQUEST_ID)),
-                content=body,
-            )
+            out = proxy.forward_headers(scope["headers"], scope.get(REQUEST_ID))
+            if b"accept-encoding" not in headers:
+                # Else httpx asks for its own (gzip, br, ...) and the engine's compressed
+                # bytes would be relayed to a client that never asked for them.
+                out.append((b"accept-encoding", b"identity"))
+            req = client.build_request(scope["method"], target, headers=out, content=body)
             try:
                 resp = await client.send(req, stream=True)
             except httpx.HTTPError as exc:
@@ -89,22 +90,24 @@ class Passthrough:
                         await send({"type": "http.response.body", "body": data, "more_body": True})
                         watch.seq += 1
                 except httpx.HTTPError as exc:
-                    # Headers are out: all that is left is to end the body (a short body).
+                    # Headers are out: the client must see a cut body, never a complete one.
                     upstream_failed(proxy, upstream.error_kind(exc))
-                watch.cancellable = False
-                await send({"type": "http.response.body", "body": b""})
+                    watch.cancellable = False
+                    await cut_response(send, proxy.bounds.write_timeout)
+                    return
+                await watch.send_last(send, {"type": "http.response.body", "body": b""})
             finally:
                 watch.cancellable = False
                 await resp.aclose()
 
         async def deadline() -> None:
-            # The route's format is unknown here: a 504 if nothing went out, else a short body.
+            # The route's format is unknown here: a 504 if nothing went out, else a cut body.
             nonlocal status
             if not head_sent:
                 status = 504
                 await send_error(send, deadline_error(), extra, path=scope["path"])
             else:
-                await send({"type": "http.response.body", "body": b""})
+                await cut_response(send, proxy.bounds.write_timeout)
 
         watch = await watched(receive, send, work, Watch(), proxy.bounds, deadline)
         proxy.metrics.request_finished(

@@ -117,10 +117,19 @@ def wire_path(path: str) -> str:
     return quote(path, safe=_SAFE)
 
 
+#: Names of this host's loopback interface: an engine configured as one of them may name
+#: itself by another in a ``Location`` (uvicorn answers with the ``Host`` it was asked for).
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "[::1]", "localhost."})
+
+
 def _origin(netloc: str, scheme: str) -> tuple[str, int]:
     host, _, port = netloc.rsplit("@", 1)[-1].lower().rpartition(":")
     if not host or "]" in port:  # no port, or an IPv6 literal without one
-        return netloc.rsplit("@", 1)[-1].lower(), 443 if scheme == "https" else 80
+        host, port = netloc.rsplit("@", 1)[-1].lower(), ""
+    if host in _LOOPBACK:
+        host = "localhost"
+    if not port:
+        return host, 443 if scheme == "https" else 80
     return host, int(port) if port.isdigit() else -1
 
 

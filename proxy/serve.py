@@ -40,7 +40,8 @@ _FLAGS = {
 
 DESCRIPTION = """\
 Run the proxy: clients talk to it instead of the engine (http://HOST:PORT/v1), and every
-/v1/chat/completions and /v1/completions stream passes through the degeneration detector.
+answer of /v1/chat/completions, /v1/completions, /v1/responses and /v1/messages passes
+through the degeneration detector; the engine's other routes are relayed as they are.
 """
 
 EPILOG = """\
@@ -137,6 +138,21 @@ def _upstream_given_in_dotenv() -> bool:
     return False
 
 
+#: Addresses only this host can reach.
+_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def open_relay(settings: Settings) -> bool:
+    """The proxy adds the engine's key to every request and checks none of its own, on an
+    address other hosts can reach: whoever reaches the port holds the engine's credential."""
+    return (
+        bool(settings.upstream_api_key)
+        and not settings.api_keys
+        and settings.host not in _LOOPBACK_HOSTS
+        and not settings.host.startswith("127.")
+    )
+
+
 def report_startup(settings: Settings, *, upstream_given: bool) -> None:
     """Log what the proxy will use: engine (default or not), whether it answers, its models."""
     import httpx
@@ -145,6 +161,13 @@ def report_startup(settings: Settings, *, upstream_given: bool) -> None:
     from proxy.vllm_config import describe_models, probe_engine_sync, upstream_headers
 
     url = mask_url(settings.upstream_url)
+    if open_relay(settings):
+        log.warning(
+            "GUARD_UPSTREAM_API_KEY is set and GUARD_API_KEYS is not, on %s: anyone who reaches "
+            "this port uses the engine with the proxy's key. Set GUARD_API_KEYS, or listen on "
+            "127.0.0.1",
+            settings.host,
+        )
     given = upstream_given or _upstream_given_in_dotenv()
     source = "" if given else " (the default: neither --upstream nor GUARD_UPSTREAM_URL is set)"
     log.info(
@@ -156,12 +179,24 @@ def report_startup(settings: Settings, *, upstream_given: bool) -> None:
         url,
         source,
     )
+    headers = upstream_headers(settings)
     with httpx.Client(verify=_probe_verify(settings), trust_env=False) as client:
-        status = probe_engine_sync(client, settings.upstream_url, upstream_headers(settings))
+        status = probe_engine_sync(client, settings.upstream_url, headers)
+        unguarded = (
+            served_unguarded(client, settings.upstream_url, headers)
+            if status.answers and settings.unguarded_routes == "pass"
+            else []
+        )
     if status.answers:
         log.info(
             "engine at %s answers (%s; %s)", url, status.detail, describe_models(status.models)
         )
+        if unguarded:
+            log.warning(
+                "this engine serves routes that generate text unguarded (relayed as they are; "
+                "GUARD_UNGUARDED_ROUTES=reject refuses them): %s",
+                ", ".join(unguarded),
+            )
     else:
         log.warning(
             "engine at %s does not answer: %s; starting anyway: guarded requests get 502 until "
@@ -170,6 +205,28 @@ def report_startup(settings: Settings, *, upstream_given: bool) -> None:
             status.detail,
             "" if given else " (give the engine with --upstream URL)",
         )
+
+
+def served_unguarded(client: Any, upstream_url: str, headers: Any) -> list[str]:
+    """The engine routes that generate text without the guard (see
+    :data:`proxy.paths.UNGUARDED_GENERATING`) that this engine lists in its ``/openapi.json``
+    (vLLM's FastAPI app does). Why: a warning about routes the engine does not have is noise
+    that hides the one that matters. An engine without the document gets no warning."""
+    import httpx
+
+    from proxy.paths import UNGUARDED_GENERATING
+    from proxy.vllm_config import CHECK_TIMEOUT
+
+    try:
+        resp = client.get(
+            upstream_url.rstrip("/") + "/openapi.json", headers=headers, timeout=CHECK_TIMEOUT
+        )
+        paths = resp.json().get("paths") if resp.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return []
+    if not isinstance(paths, dict):
+        return []
+    return [path for path in UNGUARDED_GENERATING if path in paths]
 
 
 def _probe_verify(settings: Settings) -> Any:
@@ -230,6 +287,15 @@ def create_served_app() -> Any:
     return app
 
 
+#: Seconds an idle client connection stays open (uvicorn's default is 5). A server must not
+#: close an idle connection before its clients stop reusing it: a request a client writes on
+#: a connection the server is closing that same moment is lost (a reset, and the request never
+#: reaches the proxy; a POST is not retried). Clients' pools expire idle connections first
+#: when this is longer than theirs: httpx 5 s, aiohttp 15 s, nginx and most load balancers
+#: 60 s; 75 s is nginx's own server-side default.
+KEEPALIVE_TIMEOUT = 75
+
+
 def _serve(settings: Settings) -> None:
     import uvicorn
 
@@ -249,4 +315,5 @@ def _serve(settings: Settings) -> None:
         log_level=None,
         access_log=settings.access_log,
         timeout_graceful_shutdown=10,
+        timeout_keep_alive=KEEPALIVE_TIMEOUT,
     )

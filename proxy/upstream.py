@@ -34,6 +34,7 @@ import httpx
 from proxy.errors import GuardError, UpstreamError, UpstreamFailure, UpstreamTimeout
 
 __all__ = [
+    "CLIENT_CREDENTIALS",
     "HOP_BY_HOP",
     "FailureKind",
     "UpstreamConfig",
@@ -67,6 +68,10 @@ HOP_BY_HOP = frozenset(
         "content-length",
     }
 )
+
+#: The headers a client authenticates with (OpenAI's SDKs: ``Authorization``; Anthropic's:
+#: ``x-api-key``): never forwarded when the proxy sends the engine its own key.
+CLIENT_CREDENTIALS = ("authorization", "x-api-key")
 
 FailureKind = Literal["connect", "timeout", "disconnect", "protocol"]
 
@@ -207,12 +212,14 @@ class UpstreamConfig:
     def forward_headers(
         self, raw: Iterable[tuple[bytes, bytes]], *, drop: Iterable[str] = ()
     ) -> list[tuple[bytes, bytes]]:
-        """:func:`forward_headers`, with the client's ``Authorization`` replaced by the
-        proxy's own key when ``GUARD_UPSTREAM_API_KEY`` is set."""
+        """:func:`forward_headers`, with the client's credentials (``Authorization`` and
+        Anthropic's ``x-api-key``, which the proxy accepts too) replaced by the proxy's own key
+        when ``GUARD_UPSTREAM_API_KEY`` is set: the engine trusts the proxy's key, so nothing a
+        client sends may ride along with it."""
         auth = self.auth_header
         if auth is None:
             return forward_headers(raw, drop=drop)
-        out = forward_headers(raw, drop=(*drop, "authorization"))
+        out = forward_headers(raw, drop=(*drop, *CLIENT_CREDENTIALS))
         out.append(auth)
         return out
 

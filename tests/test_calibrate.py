@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -57,8 +58,10 @@ class PenaltyFake(FakeVLLM):
             str(m.get("content")) for m in body.get("messages", []) if isinstance(m, dict)
         )
         healthy = HEALTHY_IT if any(p in asked for p in _ITALIAN_PROMPTS) else HEALTHY
+        # A loop begins where a healthy answer would have ended: a cap can then stop loops
+        # without cutting healthy answers (else none is recommended; see the test below).
         script = Script(
-            texts=[LOOP if looping else healthy],
+            texts=[f"{healthy} {LOOP}" if looping else healthy],
             finish_reason="length" if looping else "stop",
             model=MODEL,
             chunk_delay=0.002 if looping else 0.0,
@@ -397,3 +400,57 @@ def test_a_server_error_stops_the_run_with_its_reason(tmp_path: Path) -> None:
         english = calibrate.builtin_prompts(["narrative", "qa"], ["en"])
         summary = _run(fake.url, tmp_path / "b", seeds=1, penalties=[1.0], prompts=english)
         assert summary["models"][MODEL]["degenerate"] == 0
+
+
+def test_no_cap_is_recommended_when_every_cap_below_the_loops_cuts_healthy_answers(
+    tmp_path: Path,
+) -> None:
+    """Loops that begin early while healthy answers run long (SmolLM2: loops from token ~60,
+    answers of 200-600 tokens): a cap below the loops would cut most healthy answers. Then no
+    cap is recommended, and the reason says so and what to use instead."""
+    from proxy.calibrate_report import render_env, summarize
+
+    def record(tokens: int, at: int | None, penalty: float) -> dict[str, Any]:
+        return {
+            "model": MODEL, "task": "qa", "language": "en", "repetition_penalty": penalty,
+            "temperature": 0.0, "seed": 0, "tokens": tokens, "degenerate_at": at,
+            "signal": "repetition" if at else None,
+        }  # fmt: skip
+
+    records = [record(600, 60 + 10 * i, 1.0) for i in range(6)]
+    records += [record(200 + 40 * i, None, 1.2) for i in range(10)]
+    summary = summarize(records, quantile=0.1, margin=16, max_tokens=600)
+    rec = summary["models"][MODEL]["recommendation"]
+    assert rec["max_tokens_cap"] is None
+    assert "no cap separates the loops from the coherent answers" in rec["cap_reason"]
+    assert "100% of the coherent answers" in rec["cap_reason"]
+    assert "GUARD_MODE=heal" in rec["cap_reason"]
+    env = render_env(summary)
+    assert "GUARD_MAX_TOKENS_CAP=" not in env.replace("# GUARD_MAX_TOKENS_CAP", "")
+    assert "GUARD_SAMPLING_DEFAULTS=" in env  # the penalty is what is recommended
+    # A cap that cuts at most 1 % of the healthy answers is still recommended.
+    records = [record(600, 300 + 10 * i, 1.0) for i in range(6)]
+    records += [record(100 + 10 * i, None, 1.2) for i in range(10)]
+    rec = summarize(records, quantile=0.1, margin=16, max_tokens=600)["models"][MODEL]
+    assert rec["recommendation"]["max_tokens_cap"] is not None
+
+
+def test_a_missing_calibrate_extra_is_said_before_the_run(
+    fake_upstream: FakeVLLM, tmp_path: Path
+) -> None:
+    """Without matplotlib the report cannot be written: said at once (exit 2), not as a
+    traceback after the whole matrix ran."""
+    blocked = "import sys; sys.modules['matplotlib'] = None; from proxy.cli import main; "
+    argv = [
+        "calibrate", "--url", fake_upstream.url, "--model", MODEL, "--tasks", "list",
+        "--languages", "en", "--seeds", "1", "--max-tokens", "200",
+        "--output", str(tmp_path / "o"),
+    ]  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", blocked + f"sys.exit(main({argv!r}))"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "pip install 'coherence-guard[calibrate]'" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert _completions(fake_upstream) == []

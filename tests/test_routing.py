@@ -4,7 +4,6 @@ receives the canonical path, and the engine's own address never reaches the clie
 from __future__ import annotations
 
 import http.client
-import logging
 import string
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -247,14 +246,9 @@ def test_unguarded_routes_are_refused_with_reject(
     assert httpx.get(base + "/v1/models").status_code == 200
 
 
-def test_unguarded_routes_pass_with_one_warning(
-    fake_upstream: FakeVLLM, proxy_server: ProxyFactory, caplog: pytest.LogCaptureFixture
-) -> None:
-    with caplog.at_level(logging.WARNING, logger="coherence_guard"):
-        base = proxy_server()
-    warnings = [r for r in caplog.records if "unguarded" in r.getMessage()]
-    assert len(warnings) == 1
-    assert all(path in warnings[0].getMessage() for path in UNGUARDED_GENERATING)
+def test_unguarded_routes_pass(fake_upstream: FakeVLLM, proxy_server: ProxyFactory) -> None:
+    """Relayed as they are (``serve`` warns of those the engine serves: test_serve.py)."""
+    base = proxy_server()
     fake_upstream.script = Script(texts=["a b c"])
     with httpx.stream(
         "POST", base + "/inference/v1/generate", json={"model": "m", "input": "x"}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
+import socket
 import subprocess
 import sys
 import threading
@@ -441,3 +443,99 @@ def test_serve_with_one_worker_clears_a_previous_process_metrics_files(
     assert 'route="/v1/chat/completions"' not in body
     # The operator's directory is kept (only one the proxy made itself is removed).
     assert metrics_dir.is_dir()
+
+
+def test_serve_warns_of_an_open_relay_holding_the_engines_key(tmp_path: Path) -> None:
+    """GUARD_UPSTREAM_API_KEY without GUARD_API_KEYS on a reachable address: whoever reaches
+    the port uses the engine with the proxy's key. Said at start-up, not found out later."""
+    port = free_port()
+    proc = _serve(
+        ["--port", str(port), "--host", "0.0.0.0"],
+        tmp_path,
+        GUARD_UPSTREAM_API_KEY="engine-key",
+        GUARD_UPSTREAM_CHECK_INTERVAL="0",
+    )
+    err = _Stderr(proc)
+    try:
+        line = err.wait_for(lambda line: "GUARD_UPSTREAM_API_KEY" in line or "running on" in line)
+        assert "GUARD_API_KEYS is not" in line and "WARNING" in line
+        assert "engine-key" not in "\n".join(err.lines)
+    finally:
+        _stop(proc, err)
+
+
+def test_an_idle_client_connection_outlives_the_clients_own_pool_expiry(
+    fake_upstream: FakeVLLM, tmp_path: Path
+) -> None:
+    """A client pool (httpx: 5 s) reuses a connection idle for a few seconds. Had the server
+    closed it meanwhile (uvicorn's default: 5 s), the request written on it is lost: a reset,
+    nothing in the proxy's log, nothing at the engine. A slow client loop (a stalled event
+    loop) stretches those seconds past 5."""
+    port = free_port()
+    proc = _serve(["--port", str(port), "--upstream", fake_upstream.url], tmp_path)
+    err = _Stderr(proc)
+    try:
+        assert wait_healthy(f"http://127.0.0.1:{port}/health", timeout=30)
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+            first = b""
+            while not first.endswith(b"}"):  # the whole answer: {"status":"ok"}
+                first += sock.recv(65536)
+            assert first.startswith(b"HTTP/1.1 200")
+            time.sleep(6.5)
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                b"application/json\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
+            )
+            answer = b""
+            with contextlib.suppress(ConnectionResetError):
+                while b"\r\n\r\n" not in answer and (part := sock.recv(65536)):
+                    answer += part
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        assert len(fake_upstream.guarded_requests()) == 1
+    finally:
+        _stop(proc, err)
+
+
+def test_serve_help_names_every_guarded_route() -> None:
+    out = subprocess.run([*CLI, "serve", "--help"], capture_output=True, text=True, env=_env())
+    text = " ".join(out.stdout.split())
+    for route in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"):
+        assert route in text
+
+
+def _startup_lines(proc: subprocess.Popen[str]) -> list[str]:
+    err = _Stderr(proc)
+    try:
+        err.wait_for(lambda line: "Application startup complete" in line)
+        return err.lines
+    finally:
+        _stop(proc, err)
+
+
+def test_serve_warns_of_no_unguarded_route_without_an_engine(tmp_path: Path) -> None:
+    lines = _startup_lines(
+        _serve(["--port", str(free_port()), "--upstream", f"http://127.0.0.1:{free_port()}"],
+               tmp_path)
+    )  # fmt: skip
+    assert not [line for line in lines if "unguarded" in line], lines
+
+
+def test_serve_warns_of_the_unguarded_routes_this_engine_serves(tmp_path: Path) -> None:
+    """Named from the engine's own /openapi.json (vLLM serves one): only those it has."""
+    from tests.conftest import CannedEngine
+
+    doc = json.dumps({"paths": {"/inference/v1/generate": {}, "/v1/models": {}}}).encode()
+    engine = CannedEngine(
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+        b"connection: close\r\n\r\n%b" % (len(doc), doc)
+    )
+    try:
+        lines = _startup_lines(_serve(["--port", str(free_port()), "--upstream", engine.url],
+                                      tmp_path))  # fmt: skip
+    finally:
+        engine.close()
+    (warning,) = [line for line in lines if "unguarded" in line]
+    assert "WARNING" in warning and "/inference/v1/generate" in warning
+    assert "/v1/audio/transcriptions" not in warning and "/invocations" not in warning

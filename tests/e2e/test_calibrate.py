@@ -3,7 +3,8 @@
 A small matrix (2 tasks x 2 languages x 2 repetition penalties x 3 seeds, greedy, 300 tokens):
 SmolLM2-135M loops for real at penalty 1.0 on some of these prompts, and not with 1.3 applied
 over the whole answer. The run must write every output, place the cap below the loops it
-measured, and name the penalty that removed them.
+measured — or recommend none when that cap would cut healthy answers — and name the penalty
+that removed them.
 """
 
 from __future__ import annotations
@@ -19,13 +20,31 @@ from typing import Any
 
 import pytest
 
-from proxy.calibrate_stats import quantile
+from proxy.calibrate_stats import CAP_BUDGET, quantile
 from tests.e2e.support import ROOT, record_figure
 from tests.e2e.test_demo import _site_with_model_package
 
 pytestmark = pytest.mark.e2e
 
 MAX_TOKENS = 300
+
+
+def _check_cap(records: list[dict[str, Any]], rec: dict[str, Any], env_file: str) -> int | None:
+    """The cap below the loops (0.1 quantile minus 32) when it cuts at most CAP_BUDGET of the
+    coherent answers; else none, and the reason says no cap separates them."""
+    loops = [r["degenerate_at"] for r in records if r["degenerate_at"] is not None]
+    healthy = [r["tokens"] for r in records if r["degenerate_at"] is None]
+    candidate = max(1, math.floor(quantile(loops, 0.1)) - 32)
+    cut = sum(t > candidate for t in healthy) / len(healthy) if healthy else 0.0
+    cap: int | None = rec["max_tokens_cap"]
+    if cut > CAP_BUDGET:
+        assert cap is None
+        assert "no cap separates the loops from the coherent answers" in rec["cap_reason"]
+        assert "\nGUARD_MAX_TOKENS_CAP=" not in env_file
+    else:
+        assert cap == candidate and cap < min(loops)
+        assert f"GUARD_MAX_TOKENS_CAP={cap}\n" in env_file
+    return cap
 
 
 def test_calibrate_demo_measures_real_loops_and_names_the_penalty(
@@ -60,14 +79,11 @@ def test_calibrate_demo_measures_real_loops_and_names_the_penalty(
     summary = json.loads((out / "results.json").read_text())
     model = summary["models"]["SmolLM2-135M-Instruct"]
     rec = model["recommendation"]
-    cap = rec["max_tokens_cap"]
-    assert cap == max(1, math.floor(quantile(loops, 0.1)) - 32)
-    assert cap < min(loops)
+    cap = _check_cap(records, rec, (out / "calibrate.env").read_text())
     assert rec["sampling"] == {"repetition_penalty": 1.3}
     assert "removes the loops" in rec["sampling_reason"]
 
     env_file = (out / "calibrate.env").read_text()
-    assert f"GUARD_MAX_TOKENS_CAP={cap}\n" in env_file
     assert 'GUARD_SAMPLING_DEFAULTS=\'{"SmolLM2-135M-Instruct": {"repetition_penalty": 1.3}}\'' in (
         env_file
     )
@@ -109,10 +125,9 @@ def test_calibrate_against_vllm_measures_real_loops(
     }
     assert by_penalty[1.0] > 0, "SmolLM2 on vLLM did not loop at all at penalty 1.0"
     rec = json.loads((out / "results.json").read_text())["models"][model_name]["recommendation"]
-    assert rec["max_tokens_cap"] < min(loops)
+    _check_cap(records, rec, (out / "calibrate.env").read_text())
     if by_penalty[1.3] == 0:
         assert rec["sampling"] == {"repetition_penalty": 1.3}
-    assert f"GUARD_MAX_TOKENS_CAP={rec['max_tokens_cap']}\n" in (out / "calibrate.env").read_text()
     assert (out / "report.md").is_file()
     assert (out / f"survival-{model_name}-tasks.png").read_bytes()[:4] == b"\x89PNG"
     record_figure(

@@ -9,6 +9,7 @@ without the guard, and cut with the guard's verdict, whose position is the guard
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -158,3 +159,82 @@ def _serve_and_interrupt(proc: subprocess.Popen[str], port: int) -> None:
     for url in (guard, engine.group(1)):
         with pytest.raises(httpx.ConnectError):
             httpx.get(url + "/health", timeout=5)
+
+
+def _pids_in_session(sid: int) -> list[int]:
+    """Live processes whose session is ``sid`` (the demo's children each lead their own)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("command", "wait_for"),
+    [
+        (["demo", "--threads", "1", "--max-tokens", "48"], "starting coherence-guard serve"),
+        (["calibrate", "--demo", "--max-tokens", "16", "--seeds", "1"], "starting llama-server"),
+    ],
+    ids=["demo", "calibrate-demo"],
+)
+def test_sigterm_stops_every_child_like_ctrl_c(
+    manifest: dict[str, Any], tmp_path: Path, command: list[str], wait_for: str
+) -> None:
+    """SIGTERM (a service manager, ``kill``, a container stop) while the engine is up: the
+    llama.cpp server and the guard stop with the demo, as on Ctrl-C."""
+    pytest.importorskip("xllamacpp", reason="pip install '.[demo]'")
+    site = _site_with_model_package(manifest, tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
+    if command[0] == "demo":
+        command += ["--port", str(free_port()), "--log-dir", str(tmp_path / "logs")]
+    else:
+        command += ["--output", str(tmp_path / "out")]
+    with subprocess.Popen(
+        [sys.executable, "-m", "proxy", *command],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+    ) as proc:  # fmt: skip
+        assert proc.stderr is not None
+        children: list[int] = []
+        try:
+            for line in proc.stderr:
+                if line.startswith(wait_for) and "http://" in line:
+                    break
+            else:
+                pytest.fail("the children never started")
+            children = _children_of(proc.pid)
+            assert len(children) == (2 if command[0] == "demo" else 1), children
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) in (130, 143)
+            deadline = time.monotonic() + 20
+            left = [p for c in children for p in _pids_in_session(c)]
+            while left and time.monotonic() < deadline:
+                time.sleep(0.2)
+                left = [p for c in children for p in _pids_in_session(c)]
+            assert left == [], f"left running: {left}"
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for pid in (p for c in children for p in _pids_in_session(c)):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
