@@ -48,7 +48,7 @@ from proxy.heal import HealGuard, HealPolicy, continuation_request, unhealable
 from proxy.paths import wire_path
 from proxy.records import Endpoint, GenerationRecord
 from proxy.relay import GuardPolicy, Mode, StreamGuard
-from proxy.retries import AbortMemory, defended, request_key
+from proxy.retries import AbortMemory, defended, retry_keys
 from proxy.rewrite import Rewrite, rewrite_request
 from proxy.sse import DONE_EVENT, encode_data
 from proxy.state import Proxy
@@ -122,8 +122,11 @@ class Guarded:
         retry_key = None
         retried = False
         if mode == "enforce" and self.aborts is not None:
-            retry_key = request_key(self.endpoint, body)
-            if self.aborts.aborted_recently(retry_key, time.monotonic()):
+            retry_key, reask = retry_keys(self.endpoint, body)
+            now = time.monotonic()
+            if self.aborts.aborted_recently(retry_key, now) or (
+                reask is not None and self.aborts.aborted_recently(reask, now)
+            ):
                 retried = True
                 mode = self._retry(rw)
         opts = body.get("stream_options") if isinstance(body, dict) else None
@@ -163,10 +166,10 @@ class Guarded:
 
     def _retry(self, rw: Rewrite) -> Mode:
         """The mode of a request the guard aborted as a loop moments ago, sent again unchanged
-        (GUARD_RETRY_AFTER_ABORT): heal, so the loop is cut and the answer goes on; a
-        structured answer or one with tools (a continuation would restart its schema
-        mid-string), or any with ``defend``, goes out as enforce with the engine's repetition
-        defences raised instead."""
+        or re-asked (GUARD_RETRY_AFTER_ABORT, :func:`proxy.retries.retry_keys`): heal, so the
+        loop is cut and the answer goes on; a structured answer or one with tools (a
+        continuation would restart its schema mid-string), or any with ``defend``, goes out as
+        enforce with the engine's repetition defences raised instead."""
         settings = self.proxy.settings
         structured = rw.structured or bool(rw.body.get("tools"))
         if settings.retry_after_abort == "heal" and not structured:

@@ -40,6 +40,27 @@ def request_key(endpoint: str, body: Any) -> bytes:
     return h.digest()
 
 
+def retry_keys(endpoint: str, body: Any) -> tuple[bytes, bytes | None]:
+    """The request's own digest, and the digest of the request it re-asks, if it is one.
+
+    Structured-output libraries do not resend a cut answer's request unchanged: instructor
+    appends the cut reply as an assistant message and a user (or tool) message naming the
+    validation error, then asks again. A chat or Messages request whose last two messages are
+    such a pair is therefore also looked up without them."""
+    key = request_key(endpoint, body)
+    if not isinstance(body, dict):
+        return key, None
+    messages = body.get("messages")
+    if not isinstance(messages, list) or len(messages) < 3:
+        return key, None
+    reply, correction = messages[-2], messages[-1]
+    if not (isinstance(reply, dict) and isinstance(correction, dict)):
+        return key, None
+    if reply.get("role") != "assistant" or correction.get("role") not in ("user", "tool"):
+        return key, None
+    return key, request_key(endpoint, {**body, "messages": messages[:-2]})
+
+
 class AbortMemory:
     """Digests of aborted requests, each kept ``ttl`` seconds, at most ``size`` of them."""
 

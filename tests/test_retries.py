@@ -9,7 +9,7 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.retries import AbortMemory, defended, request_key
+from proxy.retries import AbortMemory, defended, request_key, retry_keys
 from tests.conftest import Clients
 from tests.fakes.vllm import FakeVLLM, Script
 
@@ -24,6 +24,27 @@ def test_key_ignores_key_order_and_spacing_but_not_content_or_route() -> None:
     assert request_key("chat", {"model": "m", "messages": []}) != a
     assert request_key("completions", {"model": "m"}) != request_key("chat", {"model": "m"})
     assert request_key("chat", {"n": 2**70}) != request_key("chat", {"n": 2**70 + 1})
+
+
+def test_a_reask_is_looked_up_without_its_reply_and_correction() -> None:
+    """instructor's re-ask: the cut reply as an assistant message, then the validation error."""
+    asked = {"model": "m", "messages": [{"role": "system", "content": "JSON"},
+                                        {"role": "user", "content": "Give JSON."}]}  # fmt: skip
+    reask = {
+        **asked,
+        "messages": [
+            *asked["messages"],
+            {"role": "assistant", "content": '{"a": "the the the'},
+            {"role": "user", "content": "Correct your JSON: it does not parse."},
+        ],
+    }
+    key, none = retry_keys("chat", asked)
+    assert none is None
+    own, parent = retry_keys("chat", reask)
+    assert parent == key and own != key
+    two_users = {**asked, "messages": [*asked["messages"], {"role": "user", "content": "more"}]}
+    assert retry_keys("chat", two_users)[1] is None
+    assert retry_keys("completions", {"prompt": "x"})[1] is None
 
 
 def test_memory_expires_after_the_window() -> None:
