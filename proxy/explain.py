@@ -33,6 +33,17 @@ SETTINGS_HELP: dict[str, str] = {
     "allow_client_override": "Let a request pick its own mode with the x-guard-mode header.",
     "abort_finish_reason": "finish_reason the client sees on an aborted choice (content_filter "
     "is in the OpenAI enum; repetition is vLLM's own and strict clients reject it).",
+    "responses_abort_event": "How an aborted /v1/responses stream ends: completed = as vLLM "
+    "ends a response it stopped early (response.completed with status incomplete; the openai "
+    "SDK's stream helper and openai-agents accept it); incomplete = a response.incomplete event.",
+    "retry_after_abort": "A request aborted as a loop and sent again unchanged within "
+    "GUARD_RETRY_WINDOW: heal = answer the retry in heal mode (structured answers: defend); "
+    "defend = enforce with raised repetition/frequency penalties (and a temperature step for "
+    "greedy requests); off = treat it as any request.",
+    "retry_window": "Seconds an aborted request is remembered for GUARD_RETRY_AFTER_ABORT "
+    "(0 = never).",
+    "retry_memory": "Aborted requests remembered per worker and route (16-byte digests of the "
+    "body, never its text); the least recently aborted go first.",
     "trim_on_abort": "Cut a non-streaming answer at the detected onset of degeneration.",
     "max_tokens_default": "max_tokens given to requests that set none (the engine would "
     "otherwise generate up to the context window); at most GUARD_MAX_TOKENS_CAP. Where the "

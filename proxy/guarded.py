@@ -51,6 +51,7 @@ from proxy.heal import HealGuard, HealPolicy, continuation_request, unhealable
 from proxy.paths import wire_path
 from proxy.records import Endpoint, GenerationRecord
 from proxy.relay import GuardPolicy, Mode, StreamGuard
+from proxy.retries import AbortMemory, defended, retry_keys
 from proxy.rewrite import Rewrite, rewrite_request
 from proxy.sse import DONE_EVENT, encode_data
 from proxy.state import Proxy
@@ -92,6 +93,13 @@ class Guarded:
         self.proxy = proxy
         self.endpoint: Endpoint = endpoint
         self.heal = HealPolicy.from_settings(proxy.settings)
+        settings = proxy.settings
+        #: Digests of requests aborted as loops a moment ago (this worker, this route).
+        self.aborts = (
+            AbortMemory(settings.retry_memory, settings.retry_window)
+            if settings.retry_after_abort != "off" and settings.retry_window > 0
+            else None
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         proxy = self.proxy
@@ -115,6 +123,16 @@ class Guarded:
             proxy.metrics.request_finished(route, exc.status, time.perf_counter() - started)
             return
 
+        retry_key = None
+        retried = False
+        if mode == "enforce" and self.aborts is not None:
+            retry_key, reask = retry_keys(self.endpoint, body)
+            now = time.monotonic()
+            if self.aborts.aborted_recently(retry_key, now) or (
+                reask is not None and self.aborts.aborted_recently(reask, now)
+            ):
+                retried = True
+                mode = self._retry(rw)
         opts = body.get("stream_options") if isinstance(body, dict) else None
         chat = self._via_chat(rw) if mode == "heal" else None
         answer: Send = send
@@ -122,7 +140,12 @@ class Guarded:
             # Heal on Responses/Messages: the chat route serves it, the surface's protocol is
             # written on the way out (proxy.surfaces.via_chat). ``watched`` keeps the server's
             # own send, through which it aborts a client that stopped reading.
-            out = via_chat.writer(self.endpoint, rw.body, proxy.settings.abort_finish_reason)
+            out = via_chat.writer(
+                self.endpoint,
+                rw.body,
+                proxy.settings.abort_finish_reason,
+                proxy.settings.responses_abort_event,
+            )
             answer = SurfaceSend(send, out)
         call = _GuardedCall(proxy, scope, answer, self.endpoint, rw, mode, headers, started)
         call.heal = self.heal
@@ -143,6 +166,39 @@ class Guarded:
         finally:
             # Also after a bug in the relay: gauges and records stay balanced.
             call.finish(client_gone=watch.gone)
+            if retry_key is not None:
+                self._note_retry(retry_key, call.guard, retried)
+
+    def _retry(self, rw: Rewrite) -> Mode:
+        """The mode of a request the guard aborted as a loop moments ago, sent again unchanged
+        or re-asked (GUARD_RETRY_AFTER_ABORT, :func:`proxy.retries.retry_keys`): heal, so the
+        loop is cut and the answer goes on; a structured answer or one with tools (a
+        continuation would restart its schema mid-string), or any with ``defend``, goes out as
+        enforce with the engine's repetition defences raised instead."""
+        settings = self.proxy.settings
+        structured = rw.structured or bool(rw.body.get("tools"))
+        if settings.retry_after_abort == "heal" and not structured:
+            log.info("retry of an aborted request on %s: relayed in heal mode", self.endpoint)
+            return "heal"
+        if self.endpoint in ("chat", "completions"):
+            rw.body = defended(
+                rw.body,
+                repetition_penalty=settings.heal_repetition_penalty_step,
+                frequency_penalty=settings.heal_frequency_penalty_step,
+                temperature=settings.heal_temperature_step,
+            )
+        log.info("retry of an aborted request on %s: repetition defences raised", self.endpoint)
+        return "enforce"
+
+    def _note_retry(self, key: bytes, guard: StreamGuard | None, retried: bool) -> None:
+        """Remember an aborted request (its digest only); forget one whose retry ended well."""
+        assert self.aborts is not None
+        if guard is None:
+            return
+        if guard.aborted:
+            self.aborts.remember(key, time.monotonic())
+        elif retried and guard.saw_done:
+            self.aborts.forget(key)
 
     def _via_chat(self, rw: Rewrite) -> Rewrite | str | None:
         """The chat form of a Responses/Messages request in heal mode (a reason string when the
@@ -468,6 +524,7 @@ class _GuardedCall:
             injected_usage=self._injected_usage(),
             client_continuous=self.client_continuous,
             max_event_bytes=self.proxy.settings.max_event_bytes,
+            abort_event=self.proxy.settings.responses_abort_event,
         )
         if heal:
             return HealGuard(policy, _make_detector(self.proxy, self.rw), self.heal)

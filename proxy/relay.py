@@ -74,6 +74,9 @@ class GuardPolicy:
     #: The proxy asked for logprobs the client did not: fed to the detector, then each choice's
     #: ``logprobs`` is written ``null``, as the engine writes it when nobody asks.
     strip_logprobs: bool = False
+    #: GUARD_RESPONSES_ABORT_EVENT: the event that ends an aborted Responses stream
+    #: (``completed``: vLLM's own early-stop ending; ``incomplete``: ``response.incomplete``).
+    abort_event: str = "completed"
 
     @classmethod
     def create(
@@ -90,6 +93,7 @@ class GuardPolicy:
         usage_null: bool = False,
         max_event_bytes: int = MAX_EVENT_BYTES,
         strip_logprobs: bool = False,
+        abort_event: str = "completed",
     ) -> GuardPolicy:
         """The policy with its derived fields filled in."""
         return cls(
@@ -105,6 +109,7 @@ class GuardPolicy:
             map_engine_repetition=mode != "off" and abort_finish_reason != ENGINE_REPETITION,
             max_event_bytes=max_event_bytes,
             strip_logprobs=strip_logprobs,
+            abort_event=abort_event,
         )
 
     @classmethod
@@ -118,6 +123,7 @@ class GuardPolicy:
         injected_usage: bool,
         client_continuous: bool,
         max_event_bytes: int = MAX_EVENT_BYTES,
+        abort_event: str = "completed",
     ) -> GuardPolicy:
         """What the app relays for a rewritten request: ``injected_usage`` says the proxy asked
         for usage itself, ``client_continuous`` that the client asked for per-chunk usage."""
@@ -134,6 +140,7 @@ class GuardPolicy:
             usage_null=endpoint == "completions",
             max_event_bytes=max_event_bytes,
             strip_logprobs=rw.injected_logprobs,
+            abort_event=abort_event,
         )
 
 

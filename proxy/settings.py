@@ -166,6 +166,11 @@ class Settings(BaseSettings):
         "content_filter"
     )
     trim_on_abort: bool = True
+    #: The event that ends an aborted (or length-stopped, when healed) Responses stream:
+    #: ``completed`` = vLLM's own early-stop ending (``response.completed`` with ``status:
+    #: "incomplete"``), which the openai SDK's stream helper and openai-agents accept;
+    #: ``incomplete`` = a ``response.incomplete`` event, as OpenAI's API ends one.
+    responses_abort_event: Literal["completed", "incomplete"] = "completed"
 
     max_tokens_default: int = Field(default=8192, ge=1)
     max_tokens_cap: int = Field(default=32768, ge=1)
@@ -240,6 +245,15 @@ class Settings(BaseSettings):
     heal_presence_penalty_step: float = Field(default=0.0, ge=0, le=2)
     heal_temperature_step: float = Field(default=0.3, ge=0, le=2)
     heal_repetition_detection: bool = True
+
+    # --- retries of aborted requests ---
+    #: A request the guard aborted as a loop and that comes again unchanged within
+    #: GUARD_RETRY_WINDOW seconds: heal = answer it in heal mode (structured answers: defend);
+    #: defend = enforce with the repetition defences of heal's first continuation; off = as any.
+    retry_after_abort: Literal["heal", "defend", "off"] = "heal"
+    retry_window: float = Field(default=120.0, ge=0)
+    #: Aborted requests remembered per worker and route (16-byte digests, never the text).
+    retry_memory: int = Field(default=1024, ge=1, le=1_000_000)
 
     # --- validation -------------------------------------------------------------------------
 

@@ -88,19 +88,21 @@ def test_responses_sdk_stream_healthy(
 def test_responses_sdk_stream_loop_is_cut_and_ends_normally(
     fake_upstream: FakeVLLM, proxy_server: ProxyFactory, sdk: Clients
 ) -> None:
-    """The SDK's stream ends on the guard's ``response.incomplete``; the reason and the guard
-    object are on the final response; the engine's connection was closed mid-generation."""
+    """The SDK's stream helper ends on the guard's ``response.completed`` (status
+    ``incomplete``, as vLLM ends a response it stopped early: the helper raises on a
+    ``response.incomplete`` event); the reason and the guard object are on the final response;
+    the engine's connection was closed mid-generation."""
     fake_upstream.script = Script(texts=["Fine start. " + LOOP], chunk_delay=0.001)
     client = sdk.openai(proxy_server())
-    stream = client.responses.create(model="m", input="Tell me.", stream=True)
-    events = list(stream)
+    with client.responses.stream(model="m", input="Tell me.") as stream:
+        events = list(stream)
+        final = stream.get_final_response()
     assert [e.type for e in events[-4:]] == [
         "response.output_text.done",
         "response.content_part.done",
         "response.output_item.done",
-        "response.incomplete",
+        "response.completed",
     ]
-    final = events[-1].response  # type: ignore[union-attr]
     assert final.status == "incomplete"
     assert final.incomplete_details is not None
     assert final.incomplete_details.reason == "content_filter"

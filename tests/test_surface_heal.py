@@ -245,9 +245,15 @@ def test_an_abort_ends_each_surface_as_its_enforce_ending() -> None:
     assert m[-2]["delta"]["stop_details"]["explanation"] == "coherence_guard:repetition"
     assert m[-2]["delta"]["guard"] == guard
     r = named_events(via_chat.writer("responses", {}, "content_filter").stream(raw))
-    assert r[-1]["type"] == "response.incomplete"
+    assert r[-1]["type"] == "response.completed"  # vLLM's own early-stop ending
+    assert r[-1]["response"]["status"] == "incomplete"
     details = r[-1]["response"]["incomplete_details"]
     assert details == {"reason": "content_filter", "guard": guard}
+    assert r[-2]["item"]["status"] == "completed"
+    old = via_chat.writer("responses", {}, "content_filter", "incomplete")
+    r = named_events(old.stream(raw))
+    assert r[-1]["type"] == "response.incomplete"
+    assert r[-1]["response"]["incomplete_details"] == details
     assert r[-2]["item"]["status"] == "incomplete"
 
 
@@ -263,6 +269,7 @@ def test_a_length_stop_and_a_stop_sequence() -> None:
             chat_stream(["a"], finish="length")
         )
     )
+    assert r[-1]["type"] == "response.completed"
     assert r[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
     raw = chat_stream(["a"]).replace(
         b'"finish_reason":"stop"', b'"finish_reason":"stop","stop_reason":"END"'

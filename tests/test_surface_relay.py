@@ -115,10 +115,12 @@ def test_any_number_of_splits_gives_identical_output(name: str, cuts: list[float
     assert _run(endpoint, pieces) == _run(endpoint, [whole])
 
 
-def test_responses_real_loop_ends_with_closed_item_and_response_incomplete() -> None:
+def test_responses_real_loop_ends_like_the_engines_early_stop() -> None:
     """vLLM's own looping stream: after the delta that fired, the open part and item close with
-    the text so far, ``response.incomplete`` carries the guard's reason, and the sequence
-    numbers run on without a gap."""
+    the text so far, ``response.completed`` with ``status: "incomplete"`` (vLLM's own ending of a
+    response it stopped early) carries the guard's reason, and the sequence numbers run on
+    without a gap. (Until the ending followed the engine's, it was ``response.incomplete``,
+    which the openai SDK's stream helper rejects.)"""
     whole = (STREAMS / "responses_vllm_loop.sse").read_bytes()
     g = guard("responses")
     out = g.feed(whole)
@@ -130,15 +132,15 @@ def test_responses_real_loop_ends_with_closed_item_and_response_incomplete() -> 
         "response.output_text.done",
         "response.content_part.done",
         "response.output_item.done",
-        "response.incomplete",
+        "response.completed",
     ]
-    assert "response.completed" not in names
+    assert "response.incomplete" not in names
     assert [e["sequence_number"] for _, e in sent] == list(range(len(sent)))
     streamed = "".join(e["delta"] for n, e in sent if n == "response.output_text.delta")
     text_done, part_done, item_done, incomplete = (e for _, e in sent[-4:])
     assert text_done["text"] == streamed
     assert part_done["part"]["text"] == streamed
-    assert item_done["item"]["status"] == "incomplete"
+    assert item_done["item"]["status"] == "completed"
     assert item_done["item"]["content"][0]["text"] == streamed
     response = incomplete["response"]
     assert response["status"] == "incomplete"
@@ -211,7 +213,8 @@ def test_responses_one_detector_per_output_item() -> None:
     response = sent[-1][1]["response"]
     reasoning, message = response["output"]
     assert reasoning["type"] == "reasoning" and reasoning["status"] == "completed"
-    assert message["status"] == "incomplete"
+    assert message["status"] == "completed"  # as vLLM closes an item cut by the token limit
+    assert response["status"] == "incomplete"
     assert g.choices[0].tokens + g.choices[1].tokens == response["usage"]["output_tokens"]
     assert response["usage"]["output_tokens_details"]["reasoning_tokens"] == g.choices[0].tokens
 
@@ -225,7 +228,7 @@ def test_responses_looping_tool_arguments_are_closed_as_a_function_call() -> Non
     assert names == [
         "response.function_call_arguments.done",
         "response.output_item.done",
-        "response.incomplete",
+        "response.completed",
     ]
     streamed = "".join(e["delta"] for n, e in sent if n == "response.function_call_arguments.delta")
     assert sent[-3][1]["arguments"] == streamed and sent[-3][1]["name"] == "f"

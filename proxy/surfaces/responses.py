@@ -12,9 +12,14 @@ reports them one by one. Every other event is forwarded as it is.
 On a verdict (enforce) the delta that fired is forwarded, then the open item is closed the way
 the engine would close it — ``response.output_text.done`` / ``response.reasoning_text.done`` /
 ``response.function_call_arguments.done`` with the text so far, ``response.content_part.done``,
-``response.output_item.done`` (status ``incomplete``) — and the stream ends with
-``response.incomplete`` whose ``incomplete_details`` carries the reason and the ``guard``
-object. Sequence numbers continue from the engine's.
+``response.output_item.done`` — and the stream ends the way vLLM ends a response it stopped
+early (at ``max_output_tokens``): ``response.completed`` whose response has ``status:
+"incomplete"``, its items ``completed``, and ``incomplete_details`` with the reason and the
+``guard`` object. That is the ending the openai SDK's ``responses.stream()`` helper and
+openai-agents accept; a stream that ends with a ``response.incomplete`` event makes both raise.
+``GUARD_RESPONSES_ABORT_EVENT=incomplete`` picks the ``response.incomplete`` event (items
+``incomplete``) instead, as OpenAI's own API ends such a response. Sequence numbers continue from
+the engine's.
 """
 
 from __future__ import annotations
@@ -72,6 +77,21 @@ def _state(guard: StreamGuard) -> ResponsesState:
     if state is None:
         state = guard.extra = ResponsesState()
     return state  # type: ignore[no-any-return]
+
+
+def abort_item_status(abort_event: str) -> str:
+    """The status of an item the guard closed: the engine's ``completed`` with its own
+    ending (vLLM writes it on the items of a response cut at ``max_output_tokens``), else
+    ``incomplete``."""
+    return "completed" if abort_event == "completed" else "incomplete"
+
+
+def terminal_event(status: str, abort_event: str) -> str:
+    """The event that ends a response of ``status`` (``completed``/``incomplete``): vLLM's
+    ``response.completed`` for both, unless operators asked for ``response.incomplete``."""
+    if status == "incomplete" and abort_event == "incomplete":
+        return "response.incomplete"
+    return "response.completed"
 
 
 def incomplete_reason(abort_finish_reason: str) -> str:
@@ -208,7 +228,7 @@ class _Responses:
                         }
                     )
                 item_state.parts.clear()
-            item_state.done = closed_item(item_state)
+            item_state.done = closed_item(item_state, abort_item_status(guard.policy.abort_event))
             emit(
                 {
                     "type": "response.output_item.done",
@@ -216,7 +236,8 @@ class _Responses:
                     "output_index": index,
                 }
             )
-        emit({"type": "response.incomplete", "response": incomplete_response(guard, aborted)})
+        kind = terminal_event("incomplete", guard.policy.abort_event)
+        emit({"type": kind, "response": incomplete_response(guard, aborted)})
         return b"".join(out)
 
     def _terminal(self, guard: StreamGuard, rs: ResponsesState, response: Any) -> None:
@@ -301,8 +322,8 @@ def closed_item(
 def incomplete_response(
     guard: StreamGuard, aborted: BlockState, *, trim: bool = False
 ) -> dict[str, Any]:
-    """The ``response`` object of the guard's ``response.incomplete`` (and of a non-streamed
-    aborted answer, trimmed at the onset when ``trim``)."""
+    """The ``response`` object (``status: "incomplete"``) that ends an aborted stream (and the
+    non-streamed aborted answer, trimmed at the onset when ``trim``)."""
     rs = _state(guard)
     verdict = aborted.verdict
     out = dict(guard.template or {})
@@ -314,12 +335,13 @@ def incomplete_response(
     output = []
     for index in sorted(rs.items):
         item_state = rs.items[index]
+        status = abort_item_status(guard.policy.abort_event)
         if index == aborted.index and trim and verdict is not None:
-            output.append(closed_item(item_state, cut=verdict.onset_char))
+            output.append(closed_item(item_state, status, cut=verdict.onset_char))
         elif item_state.done is not None:
             output.append(item_state.done)
         else:
-            output.append(closed_item(item_state))
+            output.append(closed_item(item_state, status))
     out["output"] = output
     out["usage"] = usage(guard)
     return out

@@ -30,7 +30,7 @@ from proxy.errors import anthropic_error_object
 from proxy.rewrite import SURFACE_SAMPLING_FIELDS
 from proxy.sse import SSEParser
 from proxy.surfaces.messages import FINISH_REASONS, stop_reason
-from proxy.surfaces.responses import incomplete_reason
+from proxy.surfaces.responses import abort_item_status, incomplete_reason, terminal_event
 
 if TYPE_CHECKING:
     from proxy.records import Endpoint
@@ -510,12 +510,16 @@ class MessagesWriter(Writer):
 
 class ResponsesWriter(Writer):
     """OpenAI Responses: ``response.created``/``in_progress``, an output item per reasoning/text
-    run (added, part added, deltas, done events), then ``response.completed`` — or
-    ``response.incomplete`` for a length stop or the guard's abort, as on the native route."""
+    run (added, part added, deltas, done events), then ``response.completed`` — with ``status:
+    "incomplete"`` for a length stop or the guard's abort, as vLLM ends one, unless
+    ``abort_event`` asks for ``response.incomplete`` — as on the native route."""
 
-    def __init__(self, request: dict[str, Any], abort_finish_reason: str) -> None:
+    def __init__(
+        self, request: dict[str, Any], abort_finish_reason: str, abort_event: str = "completed"
+    ) -> None:
         super().__init__(request, abort_finish_reason)
         self._seq = -1
+        self.abort_event = abort_event
 
     def _emit(self, obj: dict[str, Any]) -> bytes:
         self._seq += 1
@@ -612,7 +616,9 @@ class ResponsesWriter(Writer):
         )
 
     def _item_status(self) -> str:
-        return "completed" if self._status() == "completed" else "incomplete"
+        if self._status() == "completed":
+            return "completed"
+        return abort_item_status(self.abort_event)
 
     def _close(self, block: _Block) -> bytes:
         where = {"item_id": block.item_id, "output_index": block.index, "content_index": 0}
@@ -676,11 +682,18 @@ class ResponsesWriter(Writer):
 
     def _finish_events(self) -> bytes:
         response = self._final()
-        kind = "response.completed" if response["status"] == "completed" else "response.incomplete"
+        kind = terminal_event(response["status"], self.abort_event)
         return self._emit({"type": kind, "response": response})
 
 
-def writer(endpoint: Endpoint, request: dict[str, Any], abort_finish_reason: str) -> Writer:
-    """The writer for ``endpoint``'s protocol; ``request`` is the client's rewritten body."""
-    cls = MessagesWriter if endpoint == "messages" else ResponsesWriter
-    return cls(request, abort_finish_reason)
+def writer(
+    endpoint: Endpoint,
+    request: dict[str, Any],
+    abort_finish_reason: str,
+    abort_event: str = "completed",
+) -> Writer:
+    """The writer for ``endpoint``'s protocol; ``request`` is the client's rewritten body;
+    ``abort_event`` is GUARD_RESPONSES_ABORT_EVENT."""
+    if endpoint == "messages":
+        return MessagesWriter(request, abort_finish_reason)
+    return ResponsesWriter(request, abort_finish_reason, abort_event)

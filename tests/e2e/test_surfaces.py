@@ -123,7 +123,7 @@ def test_responses_real_loop_is_cut_and_the_engine_stops(
     with stream:
         events = list(stream)
     ended = time.monotonic()
-    assert events[-1].type == "response.incomplete"
+    assert events[-1].type == "response.completed"  # as vLLM ends an early stop
     final = events[-1].response  # type: ignore[union-attr]
     assert final.status == "incomplete"
     assert final.incomplete_details is not None
