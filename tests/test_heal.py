@@ -419,27 +419,6 @@ class Person(BaseModel):
     bio: str
 
 
-def test_parse_accepts_a_healed_looping_json_answer(
-    fake_upstream: FakeVLLM, proxy_server: ProxyFactory, sdk: Clients
-) -> None:
-    """Structured-output helpers raise on an aborted answer; a healed one parses."""
-    looping = '{"name": "Ada Lovelace", "bio": "' + "She wrote the notes. " * 200
-    fake_upstream.scripts = [
-        Script(texts=[looping]),
-        Script(texts=['Mathematician and writer."}']),
-    ]
-    client = sdk.openai(proxy_server(mode="heal"))
-    resp = client.chat.completions.parse(
-        model="m",
-        messages=MESSAGES,  # type: ignore[arg-type]
-        response_format=Person,
-        max_tokens=1000,
-    )
-    parsed = resp.choices[0].message.parsed
-    assert parsed == Person(name="Ada Lovelace", bio="Mathematician and writer.")
-    assert fake_upstream.guarded_requests()[0].json["response_format"]["type"] == "json_schema"
-
-
 def test_enforce_aborts_the_same_json_answer_and_parse_raises(
     fake_upstream: FakeVLLM, proxy_server: ProxyFactory, sdk: Clients
 ) -> None:
