@@ -132,8 +132,8 @@ def test_second_attempt_steps_up_from_the_request_own_values_and_keeps_sampling(
     policy = HealPolicy(presence_penalty_step=0.2, repetition_detection=False)
     out = continuation_request(body, "chat", "x", 100, 2, policy)
     assert out["max_completion_tokens"] == 100 and "max_tokens" not in out
-    assert out["repetition_penalty"] == pytest.approx(1.25)
-    assert out["frequency_penalty"] == pytest.approx(0.7)
+    assert out["repetition_penalty"] == pytest.approx(1.2)  # 1.25, bounded
+    assert out["frequency_penalty"] == pytest.approx(0.6)  # 0.7, bounded
     assert out["presence_penalty"] == pytest.approx(0.4)
     assert out["temperature"] == 0.7  # not greedy: left as the client set it
     assert "repetition_detection" not in out

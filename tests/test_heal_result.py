@@ -220,3 +220,17 @@ def test_restart_request_keeps_the_messages_and_steps_anti_repetition_up() -> No
 )
 def test_valid_json_is_strict(text: str, ok: bool) -> None:
     assert valid_json(text) is ok
+
+
+def test_anti_repetition_rises_to_a_bound_and_never_below_the_request() -> None:
+    """Past the second step the raised penalties make a small model write salad, then
+    gibberish (bench/data/gibberish.jsonl): attempts beyond it keep the bound."""
+    body = {"model": "m", "messages": MESSAGES, "max_tokens": 500, "temperature": 0}
+    out = continuation_request(body, "chat", "x", 500, 5, HealPolicy())
+    assert out["repetition_penalty"] == pytest.approx(1.2)
+    assert out["frequency_penalty"] == pytest.approx(0.6)
+    assert out["temperature"] == pytest.approx(0.6)
+    strong = {**body, "repetition_penalty": 1.5, "frequency_penalty": 1.0}
+    out = continuation_request(strong, "chat", "x", 500, 1, HealPolicy())
+    assert out["repetition_penalty"] == pytest.approx(1.5)
+    assert out["frequency_penalty"] == pytest.approx(1.0)
