@@ -425,7 +425,8 @@ class HealGuard(StreamGuard):
             return False
         summary = state.summary = state.detector.finish()
         verdict = summary.verdict
-        if verdict is None:
+        if verdict is None and not self.restart:
+            # (A restarted structured answer is JSON: its strings are not prose to judge.)
             verdict = self._worse_words(state.detector.expected_language)
         if verdict is None:
             return False

@@ -234,3 +234,25 @@ def test_anti_repetition_rises_to_a_bound_and_never_below_the_request() -> None:
     out = continuation_request(strong, "chat", "x", 500, 1, HealPolicy())
     assert out["repetition_penalty"] == pytest.approx(1.5)
     assert out["frequency_penalty"] == pytest.approx(1.0)
+
+
+def test_a_continuation_with_more_invented_words_than_the_answer_is_not_a_heal(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+) -> None:
+    """Too short for a streaming salad window, and English salad is not judged at the end of
+    an ordinary stream: the heal's own judgement of the continuation's vocabulary (against the
+    kept answer, whose language it identified) ends it as an abort."""
+    salad = (
+        " The lookje hugoutmeclus went stemetethe brainmanright with yftenng and nasthis,"
+        " then clearanceptvenimen estimmine rezzesently planningally omndang."
+    )
+    fake_upstream.scripts = [Script(texts=[LOOPING]), Script(texts=[salad])]
+    base = proxy_server(mode="heal", heal_max_attempts=3)
+    body = {"model": "m", "messages": MESSAGES, "stream": True, "max_tokens": 2000}
+    events = data_events(httpx.post(base + "/v1/chat/completions", json=body).content)
+    final = events[-1]["choices"][0]
+    assert final["finish_reason"] == "content_filter"
+    assert final["stop_reason"] == "coherence_guard:salad"
+    assert final["guard"]["action"] == "aborted" and final["guard"]["attempts"] == 1
+    assert streamed_text(events) == INTRO.rstrip()
+    assert len(fake_upstream.guarded_requests()) == 2
