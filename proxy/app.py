@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 
@@ -123,7 +124,9 @@ def _warm_up(config: DetectorConfig, salad_languages: frozenset[str]) -> None:
     from proxy.language import identify_language
 
     identify_language(_WARM_UP_TEXT)
-    detector = Detector(config, expected_language="en")
+    # Salad off here: English has a word list now, and loading it is for the lines below to
+    # decide (only the lists this worker's requests may need).
+    detector = Detector(dataclasses.replace(config, salad=False), expected_language="en")
     for word in _WARM_UP_TEXT.split(" "):
         detector.feed(word + " ")
     detector.finish()

@@ -104,6 +104,12 @@ SETTINGS_HELP: dict[str, str] = {
     "unless the client asked for logprobs.",
     "heal_max_attempts": "heal mode: continuations one degenerate choice may get (each from "
     "the onset of the loop, with stronger anti-repetition) before it ends as in enforce.",
+    "heal_continuation_holdback_tokens": "Text chunks held back from the client while a heal "
+    "continuation is relayed: it spans the detection delay of gibberish and salad, so a "
+    "continuation that degenerates is cut before the client sees it (0 = none).",
+    "heal_max_unknown_share": "Share of a heal continuation's prose words unknown to its "
+    "language's word list above which (and above the kept answer's own share) the answer ends "
+    "as an abort instead of healed (1 = off).",
     "heal_holdback_tokens": "heal mode: text chunks the proxy holds back before forwarding, so "
     "a loop whose onset lies inside the window never reaches the client (the text runs this "
     "many tokens behind; inter-token latency is unchanged); 0 turns it off.",

@@ -47,7 +47,15 @@ from proxy.errors import (
     UpstreamFailure,
     anthropic_error_object,
 )
-from proxy.heal import HealGuard, HealPolicy, continuation_request, unhealable
+from proxy.heal import (
+    HealGuard,
+    HealPolicy,
+    constrained,
+    continuation_request,
+    json_constrained,
+    unhealable,
+    valid_json,
+)
 from proxy.paths import wire_path
 from proxy.records import Endpoint, GenerationRecord
 from proxy.relay import GuardPolicy, Mode, StreamGuard
@@ -289,6 +297,20 @@ def _make_detector(proxy: Proxy, rw: Rewrite) -> Callable[[], Detector]:
     return make
 
 
+def _language_detector(proxy: Proxy, rw: Rewrite) -> Callable[[str], Detector] | None:
+    """For heal: a continuation's detector held to the language of the answer it continues,
+    when the request itself named none (a named language stays the expectation)."""
+    if rw.expected_language is not None or proxy.settings.expect_language == "off":
+        return None
+    config = proxy.detector_config
+    structured = rw.structured
+
+    def make(language: str) -> Detector:
+        return Detector(config, expected_language=language, structured=structured)
+
+    return make
+
+
 class _GuardedCall:
     """One guarded request from upstream open to the end of the client response."""
 
@@ -514,7 +536,13 @@ class _GuardedCall:
     def _make_guard(self) -> StreamGuard:
         mode = self.mode
         heal = mode == "heal"
-        if heal and unhealable(self.protocol, self.rw.body, self.rw.n) is not None:
+        if (
+            heal
+            and unhealable(
+                self.protocol, self.rw.body, self.rw.n, client_stream=self.rw.client_stream
+            )
+            is not None
+        ):
             mode, heal = "enforce", False  # no way to continue this answer: end it as enforce
         policy = GuardPolicy.for_request(
             self.protocol,
@@ -527,7 +555,15 @@ class _GuardedCall:
             abort_event=self.proxy.settings.responses_abort_event,
         )
         if heal:
-            return HealGuard(policy, _make_detector(self.proxy, self.rw), self.heal)
+            # A constrained answer (only non-streamed ones reach here) is asked again whole.
+            restart = constrained(self.rw.body)
+            return HealGuard(
+                policy,
+                _make_detector(self.proxy, self.rw),
+                self.heal,
+                restart=restart,
+                detector_for=_language_detector(self.proxy, self.rw),
+            )
         return StreamGuard(policy, _make_detector(self.proxy, self.rw))
 
     # ------------------------------------------------------------------ heal mode
@@ -548,10 +584,17 @@ class _GuardedCall:
         while True:
             await self._pump(resp, guard, watch, stream, guard.attempt == 0)
             if not guard.needs_heal:
+                if guard.restart and guard.attempt > 0 and not self._restart_valid(guard):
+                    guard.give_up()  # not what the client's schema reads: enforce's ending
                 break
             nxt = None
             remaining = guard.remaining_tokens(self.rw.max_tokens)
-            if guard.healable and guard.attempt < self.heal.max_attempts and remaining > 0:
+            if (
+                guard.healable
+                and guard.attempt < self.heal.max_attempts
+                and remaining > 0
+                and guard.retry_allowed()
+            ):
                 await resp.aclose()
                 nxt = await self._continue(guard, remaining)
             if nxt is None:
@@ -570,6 +613,15 @@ class _GuardedCall:
             await resp.drain(_DRAIN_SECONDS)
         return resp
 
+    def _restart_valid(self, guard: HealGuard) -> bool:
+        """A restarted constrained answer counts as healed only when it ended by itself and,
+        for a JSON constraint, is one strict JSON value (the engine's grammar does not forbid
+        raw control characters inside strings on every version; ``.parse()`` does)."""
+        state = guard.choices.get(0)
+        if state is None or state.finish_reason != "stop":
+            return False
+        return not json_constrained(self.rw.body) or valid_json(guard.answer_text())
+
     async def _continue(
         self, guard: HealGuard, remaining: int
     ) -> tuple[UpstreamResponse, HealGuard] | None:
@@ -577,7 +629,13 @@ class _GuardedCall:
         one (the failure is counted and logged; the client gets enforce's ending instead)."""
         nxt = guard.continuation()
         body = continuation_request(
-            self.rw.body, self.protocol, nxt.carry.prefix, remaining, nxt.attempt, self.heal
+            self.rw.body,
+            self.protocol,
+            nxt.carry.prefix,
+            remaining,
+            nxt.attempt,
+            self.heal,
+            restart=nxt.restart,
         )
         if self.rw.engine_limited:  # the engine's own limit: the rest of the context
             body.pop("max_tokens", None)

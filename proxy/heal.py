@@ -24,6 +24,7 @@ the client reads is always exactly the text the continuation continues.
 from __future__ import annotations
 
 import copy
+import functools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,6 +66,19 @@ class HealPolicy:
     presence_penalty_step: float = 0.0
     temperature_step: float = 0.3
     repetition_detection: bool = True
+    #: Hold-back window of a continuation stage (tokens): a continuation that degenerates is
+    #: cut back to where it went wrong, so the window must span the detection delay of the
+    #: signals that watch it (gibberish and salad need a few hundred characters).
+    continuation_holdback_tokens: int = 160
+    #: How far anti-repetition rises over the attempts (never below what the client asked):
+    #: SmolLM2-135M on vLLM writes real-word salad from (1.3, 0.9, 0.6) on and gibberish from
+    #: (1.6, 1.5, 0.9) (bench/data/gibberish.jsonl), so the bound stays at the second step.
+    max_repetition_penalty: float = 1.2
+    max_frequency_penalty: float = 0.6
+    max_temperature: float = 0.6
+    #: Share of a continuation's prose words missing from its language's word list above which
+    #: (and above the kept answer's own share) it is not a heal (1.0: not judged).
+    max_unknown_share: float = 0.2
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HealPolicy:
@@ -76,10 +90,14 @@ class HealPolicy:
             presence_penalty_step=settings.heal_presence_penalty_step,
             temperature_step=settings.heal_temperature_step,
             repetition_detection=settings.heal_repetition_detection,
+            continuation_holdback_tokens=settings.heal_continuation_holdback_tokens,
+            max_unknown_share=settings.heal_max_unknown_share,
         )
 
 
-def unhealable(endpoint: Endpoint, body: dict[str, Any], n: int) -> str | None:
+def unhealable(
+    endpoint: Endpoint, body: dict[str, Any], n: int, *, client_stream: bool = False
+) -> str | None:
     """Why this request cannot be healed (``None``: it can). Such requests are relayed as
     ``enforce`` would relay them.
 
@@ -94,6 +112,10 @@ def unhealable(endpoint: Endpoint, body: dict[str, Any], n: int) -> str | None:
         return "surface"
     if n != 1:
         return "n"
+    if constrained(body) and client_stream:
+        # A constrained answer cannot be continued (the engine's grammar starts again at the
+        # continuation's first token), and a restart would follow what the client already read.
+        return "constrained-stream"
     if endpoint == "completions":
         prompt = body.get("prompt")
         if isinstance(prompt, list):
@@ -110,6 +132,51 @@ def unhealable(endpoint: Endpoint, body: dict[str, Any], n: int) -> str | None:
     return None
 
 
+#: Request fields that constrain the output to a grammar (vLLM's structured outputs).
+_CONSTRAINTS = (
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+)
+#: Signals of a continuation that more anti-repetition only makes worse: the raised penalties
+#: push a small model off its own words (gibberish, salad, another script or language).
+NO_RETRY_SIGNALS: frozenset[str] = frozenset(
+    {"gibberish", "salad", "script-intrusion", "language-drift", "entropy-collapse"}
+)
+
+
+def constrained(body: dict[str, Any]) -> bool:
+    """Whether the request constrains its output to a grammar (``response_format`` with a JSON
+    type, or one of vLLM's guided/structured-output fields)."""
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
+        return True
+    return any(body.get(k) is not None for k in _CONSTRAINTS)
+
+
+def json_constrained(body: dict[str, Any]) -> bool:
+    """Whether the constraint is JSON (then a healed answer must parse as JSON)."""
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
+        return True
+    so = body.get("structured_outputs")
+    if isinstance(so, dict) and so.get("json") is not None:
+        return True
+    return body.get("guided_json") is not None
+
+
+def valid_json(text: str) -> bool:
+    """``text`` is one JSON value under the strict grammar (no raw control characters inside
+    strings), as the openai SDK's ``.parse()`` and pydantic read it."""
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return False
+    return True
+
+
 def continuation_request(
     body: dict[str, Any],
     endpoint: Endpoint,
@@ -117,9 +184,13 @@ def continuation_request(
     remaining_tokens: int,
     attempt: int,
     policy: HealPolicy,
+    *,
+    restart: bool = False,
 ) -> dict[str, Any]:
     """The request for attempt ``attempt`` (1, 2, ...): ``body`` (the rewritten request the
-    first stage sent) continued from ``prefix`` with at most ``remaining_tokens`` new tokens.
+    first stage sent) continued from ``prefix`` with at most ``remaining_tokens`` new tokens
+    (``restart``: the same request asked again, for a constrained answer, with the attempt's
+    anti-repetition).
 
     Anti-repetition grows with the attempt: ``repetition_penalty`` (prompt and output tokens, so
     it also weighs against repeating the kept text) and ``frequency``/``presence_penalty``
@@ -127,7 +198,9 @@ def continuation_request(
     step, since greedy decoding from the same prefix tends to walk back into the same loop.
     """
     out = copy.deepcopy(body)
-    if endpoint == "chat":
+    if restart:
+        pass
+    elif endpoint == "chat":
         messages = list(out.get("messages") or [])
         last = messages[-1] if messages else None
         if (
@@ -157,22 +230,21 @@ def continuation_request(
     if not limited:
         out["max_tokens"] = remaining_tokens
     if policy.repetition_penalty_step:
-        base = _number(out.get("repetition_penalty"), 1.0)
-        out["repetition_penalty"] = round(
-            min(_MAX_PENALTY, max(base, 1.0) + policy.repetition_penalty_step * attempt), 4
-        )
+        base = max(_number(out.get("repetition_penalty"), 1.0), 1.0)
+        raised = min(policy.max_repetition_penalty, base + policy.repetition_penalty_step * attempt)
+        out["repetition_penalty"] = round(min(_MAX_PENALTY, max(base, raised)), 4)
     if policy.frequency_penalty_step:
         base = _number(out.get("frequency_penalty"), 0.0)
-        out["frequency_penalty"] = round(
-            min(_MAX_PENALTY, base + policy.frequency_penalty_step * attempt), 4
-        )
+        raised = min(policy.max_frequency_penalty, base + policy.frequency_penalty_step * attempt)
+        out["frequency_penalty"] = round(min(_MAX_PENALTY, max(base, raised)), 4)
     if policy.presence_penalty_step:
         base = _number(out.get("presence_penalty"), 0.0)
         out["presence_penalty"] = round(
             min(_MAX_PENALTY, base + policy.presence_penalty_step * attempt), 4
         )
     if policy.temperature_step and _number(out.get("temperature"), 1.0) == 0:
-        out["temperature"] = round(min(_MAX_TEMPERATURE, policy.temperature_step * attempt), 4)
+        raised = min(policy.max_temperature, policy.temperature_step * attempt)
+        out["temperature"] = round(min(_MAX_TEMPERATURE, raised), 4)
     if policy.repetition_detection and "repetition_detection" not in out:
         out["repetition_detection"] = dict(REPETITION_DETECTION)
     return out
@@ -222,6 +294,8 @@ class HealCarry:
     first_summary: Summary | None = None
     #: Non-streaming: the kept pieces of earlier stages (offsets in the whole answer).
     pieces: list[tuple[int, Piece]] = field(default_factory=list)
+    #: The language the kept answer is written in, which its continuations are held to.
+    language: str | None = None
 
 
 class HealGuard(StreamGuard):
@@ -238,13 +312,25 @@ class HealGuard(StreamGuard):
         make_detector: Callable[[], Detector],
         heal: HealPolicy,
         carry: HealCarry | None = None,
+        *,
+        restart: bool = False,
+        detector_for: Callable[[str], Detector] | None = None,
     ) -> None:
         super().__init__(policy, make_detector)
+        #: Builds a continuation's detector expecting a language (``None``: the request
+        #: already named one, or no language is to be expected).
+        self._detector_for = detector_for
         # Every event goes through :meth:`_event` below (hold-back, id rewriting, the text kept
         # for the cut): the relay's plain-text fast path would bypass it.
         self._fast = False
         self.heal = heal
         self.carry = carry or HealCarry()
+        #: A constrained (structured-output) answer is asked again from its start rather than
+        #: continued: the engine's grammar would start over at the continuation's first token.
+        self.restart = restart
+        self._window = (
+            heal.holdback_tokens if self.carry.origin is None else heal.continuation_holdback_tokens
+        )
         self.needs_heal = False
         self.gave_up = False
         #: Text of choice 0 that may still be cut: only what reasoning/tool channels never touched.
@@ -314,7 +400,14 @@ class HealGuard(StreamGuard):
                 state = self.choices.get(0)
                 # vLLM's own loop stop (repetition_detection, the backstop) ended it: not healed.
                 engine_stop = state is not None and state.finish_reason == ENGINE_REPETITION
-                choice["guard"] = self.guard_object("aborted" if engine_stop else "healed")
+                if not engine_stop and state is not None and self._judged_at_end(state):
+                    # The continuation degenerated in its last words (judged when it ended):
+                    # this is not the answer's ending; the verdict below cuts it.
+                    choice["finish_reason"] = None
+                    if "stop_reason" in choice:
+                        choice["stop_reason"] = None
+                else:
+                    choice["guard"] = self.guard_object("aborted" if engine_stop else "healed")
         start = self._text_end
         self._text_end += len(text)
         item = _Held(chunk, out, start, self._text_end, self.stage_tokens())
@@ -323,6 +416,56 @@ class HealGuard(StreamGuard):
             self._handled = True
             return self._verdict(state, state.verdict, item)
         return self._hold(item)
+
+    def _judged_at_end(self, state: BlockState) -> bool:
+        """Judge a continuation once it ends, with the detector's end-of-stream checks (short
+        loops, salad, gibberish the streaming windows had too little text for); True when it
+        is degenerate (the verdict is recorded on ``state``)."""
+        if state.verdict is not None or self._handled:
+            return False
+        summary = state.summary = state.detector.finish()
+        verdict = summary.verdict
+        if verdict is None and not self.restart:
+            # (A restarted structured answer is JSON: its strings are not prose to judge.)
+            verdict = self._worse_words(state.detector.expected_language)
+        if verdict is None:
+            return False
+        state.verdict = verdict
+        return True
+
+    def _worse_words(self, language: str | None) -> Verdict | None:
+        """The continuation's vocabulary against the answer it continues: more of its prose
+        words missing from the language's word list than ``heal.max_unknown_share`` and than
+        the kept answer itself had (a model's usual quality in a language is not the heal's
+        doing; invented words the raised penalties brought are). Once per continuation."""
+        from proxy.detect.salad import SALAD_LANGUAGES, lexicon, prose_words
+
+        bar = self.heal.max_unknown_share
+        if language not in SALAD_LANGUAGES or bar >= 1.0:
+            return None
+        words = prose_words("".join(self._text))
+        lex = lexicon(language)
+        if lex is None or len(words) < _MIN_JUDGED_WORDS:
+            return None
+        share = sum(map(lex.unknown, words)) / len(words)
+        if share <= bar:
+            return None
+        before = prose_words(self.carry.prefix[-_LANGUAGE_CHARS:])
+        if len(before) >= _MIN_JUDGED_WORDS and share <= sum(map(lex.unknown, before)) / len(
+            before
+        ):
+            return None
+        state = self.choices.get(0)
+        tokens = state.tokens if state is not None else 0
+        return Verdict("salad", share, sum(map(len, self._text)), tokens, 0)
+
+    def retry_allowed(self) -> bool:
+        """Whether another continuation may follow this stage's verdict. A continuation that
+        turned into gibberish, salad or another language was pushed there by the raised
+        anti-repetition, which a further attempt would only raise again: it ends as an abort."""
+        state = self.choices.get(0)
+        verdict = state.verdict if state is not None else None
+        return self.carry.attempt == 0 or verdict is None or verdict.signal not in NO_RETRY_SIGNALS
 
     def _rewrite(self, chunk: dict[str, Any]) -> bool:
         """A continuation's chunk as part of the first response; False: drop it (the role
@@ -374,7 +517,7 @@ class HealGuard(StreamGuard):
         if item.end > item.start:
             self._held_text += 1
         out = []
-        window = self.heal.holdback_tokens
+        window = self._window
         while self._held and (self._held_text > window or self._held[0].end == self._held[0].start):
             out.append(self._release(self._held.popleft()))
         return b"".join(out)
@@ -401,6 +544,8 @@ class HealGuard(StreamGuard):
             self._held_text += 1
         onset = len(self.carry.prefix) + verdict.onset_char
         cut = word_boundary(self.answer_text(), max(onset, self._released), self._released)
+        if self.restart:
+            cut = 0  # not streamed (nothing reached the client): asked again from the start
         out = []
         kept_tokens = self._released_tokens
         while self._held:
@@ -419,7 +564,7 @@ class HealGuard(StreamGuard):
                 kept_tokens = held.tokens
         self._held_text = 0
         self.cut = cut
-        self.kept_tokens = kept_tokens
+        self.kept_tokens = 0 if self.restart else kept_tokens
         self.needs_heal = True
         self.done = True
         state.action = "aborted"
@@ -448,12 +593,20 @@ class HealGuard(StreamGuard):
         pieces = list(carry.pieces)
         if state is not None:
             pieces += _cut_pieces(state.pieces, self.cut)
+        prefix = self.answer_text()[: self.cut]
+        language = carry.language
+        if language is None and self._detector_for is not None:
+            language = answer_language(prefix)
+        make_detector = self._make_detector
+        if language is not None and self._detector_for is not None:
+            make_detector = functools.partial(self._detector_for, language)
         nxt = HealGuard(
             self.policy,
-            self._make_detector,
+            make_detector,
             self.heal,
             HealCarry(
-                prefix=self.answer_text()[: self.cut],
+                prefix=prefix,
+                language=language,
                 base_tokens=carry.base_tokens + self.kept_tokens,
                 origin=dict(self.origin),
                 prompt_tokens=carry.prompt_tokens
@@ -467,6 +620,8 @@ class HealGuard(StreamGuard):
                 first_summary=summary,
                 pieces=pieces,
             ),
+            restart=self.restart,
+            detector_for=self._detector_for,
         )
         return nxt
 
@@ -604,6 +759,28 @@ class HealGuard(StreamGuard):
         choice["guard"] = self.guard_object("aborted" if self.gave_up else "healed")
         out["usage"] = self.final_usage()
         return out
+
+
+#: Characters at the end of the kept answer its language is identified from, and the confidence
+#: the identification needs (the prompt's language detection asks the same).
+_LANGUAGE_CHARS = 2048
+_LANGUAGE_CONFIDENCE = 0.8
+#: Prose words a continuation (and the kept answer) needs before its vocabulary is judged.
+_MIN_JUDGED_WORDS = 10
+
+
+def answer_language(prefix: str) -> str | None:
+    """The language the kept answer is written in, which a continuation must keep: the
+    detector of a continuation expects it, so salad, gibberish and drift in the continuation
+    are judged against the answer it continues (a request that names no language, and a
+    prompt too short to identify, otherwise leave those signals without a language). Once per
+    heal, on at most the last 2 KiB of the answer; ``None`` when unsure."""
+    from proxy.language import identify_language
+
+    found = identify_language(prefix[-_LANGUAGE_CHARS:])
+    if found is None or found[1] < _LANGUAGE_CONFIDENCE:
+        return None
+    return found[0]
 
 
 #: How far :func:`word_boundary` looks for the end of a word before it gives up (scripts without

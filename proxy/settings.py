@@ -240,6 +240,12 @@ class Settings(BaseSettings):
     heal_max_attempts: int = Field(default=2, ge=0, le=8)
     #: Text chunks held back from the client in heal mode (0 = none).
     heal_holdback_tokens: int = Field(default=64, ge=0, le=4096)
+    #: Text chunks held back while a continuation is relayed: it spans the detection delay of
+    #: gibberish and salad, so a continuation that degenerates is cut before the client sees it.
+    heal_continuation_holdback_tokens: int = Field(default=160, ge=0, le=4096)
+    #: Share of a continuation's prose words unknown to its language's word list above which
+    #: (and above the kept answer's own share) it ends as an abort, not a heal (1 = off).
+    heal_max_unknown_share: float = Field(default=0.2, ge=0, le=1)
     heal_repetition_penalty_step: float = Field(default=0.1, ge=0, le=1)
     heal_frequency_penalty_step: float = Field(default=0.3, ge=0, le=2)
     heal_presence_penalty_step: float = Field(default=0.0, ge=0, le=2)

@@ -18,7 +18,8 @@ from proxy.settings import load_settings
     ("overrides", "expected"),
     [
         ({"language": "it"}, {"it"}),
-        ({"language": "en", "expect_language": "off"}, set()),
+        ({"language": "en", "expect_language": "off"}, {"en"}),
+        ({"language": "ja", "expect_language": "off"}, set()),
         ({"language": "off", "expect_language": "off"}, set()),
         ({"language": "off", "expect_language": "prompt"}, set(SALAD_LANGUAGES)),
         ({"language": "auto", "expect_language": "off"}, set(SALAD_LANGUAGES)),

@@ -25,6 +25,7 @@ from proxy.detect.diversity import compression_ratio, distinct_ratio, words_of
 from proxy.detect.drift import LanguageDrift, code_like, source_like
 from proxy.detect.ending import final_drift, final_flood, final_loop
 from proxy.detect.entropy import EntropyWindow, token_entropy
+from proxy.detect.gibberish import Gibberish
 from proxy.detect.lines import LineLoop
 from proxy.detect.repetition import (
     PeriodicTail,
@@ -94,6 +95,7 @@ class Detector:
         self._diversity_next = 0
         self._drift = LanguageDrift(cfg, self.expected_language)
         self._salad = WordSalad(cfg, self.expected_language)
+        self._gibberish = Gibberish(cfg)
         self._entropy = EntropyWindow(cfg.entropy_window_tokens)
         self._entropy_min: float | None = None
         self._repetition_max: float | None = None
@@ -262,6 +264,8 @@ class Detector:
             verdict = self._check_language(new, final)
         if verdict is None and self._salad.active and not (self.structured or self._json_like):
             verdict = self._check_salad(new, final)
+        if verdict is None and cfg.gibberish and not (self.structured or self._json_like):
+            verdict = self._check_gibberish(new, final)
         if verdict is None and cfg.entropy:
             verdict = self._check_entropy()
         return verdict
@@ -404,6 +408,10 @@ class Detector:
     def _check_salad(self, new: str, final: bool) -> Verdict | None:
         found = self._salad.update(new, final=final)
         return None if found is None else self._fire("salad", *found)
+
+    def _check_gibberish(self, new: str, final: bool) -> Verdict | None:
+        found = self._gibberish.update(new, end=self._chars, final=final)
+        return None if found is None else self._fire("gibberish", found[1], found[2])
 
     def _check_entropy(self) -> Verdict | None:
         cfg = self.config

@@ -36,7 +36,12 @@ from pathlib import Path
 from proxy.detect.types import DetectorConfig
 
 #: Languages with a large wordfreq list whose healthy text was measured against salad.
-SALAD_LANGUAGES: frozenset[str] = frozenset({"de", "es", "fr", "it", "nl", "pl", "pt", "ru"})
+SALAD_LANGUAGES: frozenset[str] = frozenset({"de", "en", "es", "fr", "it", "nl", "pl", "pt", "ru"})
+#: Languages judged at the end of a stream too. English is judged while streaming only: its
+#: healthy changelogs and copyright files, full of package and maintainer names, pass the
+#: streaming window (a full window, sustained) but reach the lower end-of-stream bar
+#: (README "Word salad"; three Debian files of the development corpus).
+_END_LANGUAGES: frozenset[str] = SALAD_LANGUAGES - {"en"}
 
 _TOKEN = re.compile(r"\n|[^\s]+")
 _APOSTROPHE = re.compile(r"['’]")
@@ -252,6 +257,8 @@ class WordSalad:
         cfg = self.config
         if not self.active or len(self._window) < cfg.salad_end_min_words:
             return None
+        if self._language not in _END_LANGUAGES:
+            return None
         return self._judge(cfg.salad_end_min_unknown_share, cfg.salad_end_min_distinct_unknown)
 
     def _add(self, found: list[tuple[str, int]]) -> bool:
@@ -275,6 +282,12 @@ class WordSalad:
         window = self._window
         share = self._unknown / len(window)
         if share < min_share:
+            return None
+        # Prose is made of the words a reader checks: about one every 8 to 15 characters, salad
+        # or not. Spread thinner, the window's words are the lower-case leftovers of something
+        # else (user ids in a list of names and e-mail addresses), not prose.
+        span = window[-1][2] + len(window[-1][0]) - window[0][2]
+        if span > self.config.salad_max_chars_per_word * len(window):
             return None
         unknown = [(word, offset) for word, flag, offset in window if flag]
         if len({word for word, _ in unknown}) < min_distinct:

@@ -116,6 +116,9 @@ class DetectorConfig:
     salad_min_unknown_share: float = 0.3
     # Distinct unknown words the window needs (a repeated name is one unknown word).
     salad_min_distinct_unknown: int = 5
+    # Characters per prose word above which a window is not prose (a list of names and user
+    # ids): prose, salad or not, has one prose word every 8 to 15 characters.
+    salad_max_chars_per_word: int = 30
     # Consecutive checks salad must hold before firing.
     salad_sustain_checks: int = 2
     # Prose words an answer needs for the end-of-stream salad judgement.
@@ -124,6 +127,23 @@ class DetectorConfig:
     salad_end_min_unknown_share: float = 0.25
     # Distinct unknown words the end-of-stream judgement needs.
     salad_end_min_distinct_unknown: int = 3
+
+    # Gibberish signal on/off (proxy/detect/gibberish.py): long single-case letter runs with no
+    # word boundary, and script changes inside words between unrelated scripts (script soup).
+    gibberish: bool = True
+    # Letters in one case without a break from which a stretch counts as a run with no word
+    # boundary (languages written with spaces keep words shorter).
+    gibberish_run_letters: int = 20
+    # Recent checks (of check_every_chars each) the gibberish counts are taken over.
+    gibberish_window_checks: int = 4
+    # Visible (non-space) characters that window needs before it is judged.
+    gibberish_min_chars: int = 200
+    # Share of the window's visible characters in run tokens at which gibberish holds.
+    gibberish_run_share: float = 0.5
+    # Script changes inside words, between scripts that do not mix, at which soup holds.
+    gibberish_min_switches: int = 6
+    # Consecutive checks gibberish must hold before firing.
+    gibberish_sustain_checks: int = 2
 
     # Entropy-collapse signal on/off (needs top_logprobs from the upstream).
     entropy: bool = True
@@ -153,6 +173,7 @@ SIGNALS: tuple[str, ...] = (
     "language-drift",
     "entropy-collapse",
     "salad",
+    "gibberish",
 )
 
 

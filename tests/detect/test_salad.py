@@ -89,14 +89,33 @@ def test_long_salad_fires_while_streaming() -> None:
 
 def test_salad_needs_an_expected_language_with_a_large_list() -> None:
     """Without an expected language, or for one without a large word list (Turkish,
-    Indonesian, Vietnamese) or not measured (English), the signal stays off."""
+    Indonesian, Vietnamese), the signal stays off."""
     text = SALAD[0]["text"]
     assert stream(text, ONLY_SALAD).verdict is None
-    for language in ("tr", "id", "vi", "en"):
+    for language in ("tr", "id", "vi"):
         assert not WordSalad(DetectorConfig(), language).active
         assert stream(text, ONLY_SALAD, expected_language=language).verdict is None
     off = dataclasses.replace(ONLY_SALAD, salad=False)
     assert stream(text, off, expected_language=SALAD[0]["lang"]).verdict is None
+
+
+def test_english_is_judged_while_streaming_only() -> None:
+    """English changelogs and copyright files reach the end-of-stream bar on package and
+    maintainer names: English salad is called from a full streaming window only."""
+    (row,) = [r for r in SALAD if r["lang"] == "en"]
+    words = row["text"].split()
+    short = " ".join(words[-30:])
+    assert stream(short, ONLY_SALAD, expected_language="en").verdict is None
+    assert stream(short, ONLY_SALAD, expected_language="de").verdict is not None
+
+
+def test_a_list_of_names_is_not_prose() -> None:
+    """Lower-case user ids spread through a list of names and addresses are not a window of
+    prose, however many are unknown."""
+    (row,) = [r for r in QUIET if r["lang"] == "en"]
+    spread = dataclasses.replace(ONLY_SALAD, salad_max_chars_per_word=10_000)
+    assert stream(row["text"], ONLY_SALAD, expected_language="en").verdict is None
+    assert stream(row["text"], spread, expected_language="en").verdict is not None
 
 
 def test_a_repeated_unknown_name_is_one_unknown_word() -> None:
