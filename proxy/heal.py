@@ -439,7 +439,7 @@ class HealGuard(StreamGuard):
         generated = self.stage_tokens()
         summary = carry.first_summary
         if summary is None and state is not None:
-            summary = state.summary = state.detector.finish()
+            summary = state.finish()
         first = carry.first_verdict
         onset = carry.first_onset
         if first is None and state is not None and state.verdict is not None:
@@ -567,7 +567,7 @@ class HealGuard(StreamGuard):
         state = self.choices.get(0)
         summary = self.carry.first_summary
         if summary is None and state is not None:
-            summary = state.summary if state.summary is not None else state.detector.finish()
+            summary = state.finish()
         finish = state.finish_reason if state is not None else None
         return [
             ChoiceRecord(
