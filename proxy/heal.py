@@ -478,6 +478,7 @@ class HealGuard(StreamGuard):
         if verdict is not None:
             out["signal"] = verdict.signal
             out["score"] = verdict.score
+            out["channel"] = verdict.channel
         out["onset_char"] = carry.first_onset if carry.first_onset is not None else self.cut
         out["tokens_discarded"] = self.discarded_tokens()
         out["completion_tokens"] = self.answer_tokens()
