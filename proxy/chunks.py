@@ -135,6 +135,15 @@ def choice_text(choice: dict[str, Any]) -> str:
     return pieces[0].text if len(pieces) == 1 else "".join(p.text for p in pieces)
 
 
+def has_side_text(choice: dict[str, Any]) -> bool:
+    """Whether the choice's delta writes text outside the answer (thinking, tool arguments),
+    which the relay then feeds channel by channel (see :mod:`proxy.channels`)."""
+    delta = choice.get("delta")
+    if type(delta) is not dict or (len(delta) == 1 and "content" in delta):
+        return False
+    return any(delta.get(key) for key in (*REASONING_KEYS, "tool_calls"))
+
+
 def choice_pieces(choice: dict[str, Any]) -> list[Piece]:
     """The new text of one choice by channel (for reassembling a non-streamed answer)."""
     pieces: list[Piece] = []
@@ -238,6 +247,7 @@ def guard_object(
         "score": verdict.score,
         "completion_tokens": completion_tokens,
         "onset_char": verdict.onset_char,
+        "channel": verdict.channel,
     }
 
 

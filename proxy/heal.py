@@ -584,7 +584,7 @@ class HealGuard(StreamGuard):
         generated = self.stage_tokens()
         summary = carry.first_summary
         if summary is None and state is not None:
-            summary = state.summary = state.detector.finish()
+            summary = state.finish()
         first = carry.first_verdict
         onset = carry.first_onset
         if first is None and state is not None and state.verdict is not None:
@@ -633,6 +633,7 @@ class HealGuard(StreamGuard):
         if verdict is not None:
             out["signal"] = verdict.signal
             out["score"] = verdict.score
+            out["channel"] = verdict.channel
         out["onset_char"] = carry.first_onset if carry.first_onset is not None else self.cut
         out["tokens_discarded"] = self.discarded_tokens()
         out["completion_tokens"] = self.answer_tokens()
@@ -722,7 +723,7 @@ class HealGuard(StreamGuard):
         state = self.choices.get(0)
         summary = self.carry.first_summary
         if summary is None and state is not None:
-            summary = state.summary if state.summary is not None else state.detector.finish()
+            summary = state.finish()
         finish = state.finish_reason if state is not None else None
         return [
             ChoiceRecord(

@@ -51,6 +51,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from proxy.channels import CHANNELS
 from proxy.detect import SIGNALS
 from proxy.records import ChoiceRecord, GenerationRecord
 
@@ -83,6 +84,7 @@ FINISH_REASONS: Final = frozenset(
 )
 
 _SIGNALS: Final = frozenset(SIGNALS)
+_CHANNELS: Final = frozenset(CHANNELS)
 
 # Token counts: 16 .. 131072 by powers of two (a 128K context is the longest common limit).
 TOKEN_BUCKETS: Final = tuple(float(2**i) for i in range(4, 18))
@@ -257,6 +259,15 @@ class Metrics:
                 "guard_detections",
                 "Choices judged degenerate, by signal; action=observed in monitor mode.",
                 ("model", "signal", "action"),
+                registry=q,
+            )
+        )
+        self._channel_detections = _Children(
+            Counter(
+                "guard_channel_detections",
+                "Choices judged degenerate, by the channel the verdict fired on: content (the "
+                "answer), reasoning (the thinking) or tool (tool-call arguments).",
+                ("model", "channel", "action"),
                 registry=q,
             )
         )
@@ -523,7 +534,9 @@ class Metrics:
             verdict = summary.verdict
             if verdict is not None and action is not None:
                 signal = _fixed(verdict.signal, _SIGNALS)
-                self._detections(model, signal, _fixed(action, DETECTION_ACTIONS)).inc()
+                act = _fixed(action, DETECTION_ACTIONS)
+                self._detections(model, signal, act).inc()
+                self._channel_detections(model, _fixed(verdict.channel, _CHANNELS), act).inc()
                 self._abort_position(model, signal).observe(verdict.fired_at_token)
 
         if action == "aborted" and choice.max_tokens is not None:

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
 
-from proxy import chunks
+from proxy import channels, chunks
+from proxy.channels import Channel, SideChannels
 from proxy.chunks import Piece
 from proxy.detect import Detector, Summary, Verdict
 from proxy.errors import GuardError, UpstreamError
@@ -166,6 +167,16 @@ class BlockState:
     summary: Summary | None = None
     #: The delta that made the detector fire (logged only with GUARD_LOG_TEXT=true).
     trigger_text: str | None = None
+    #: The thinking and tool-argument channels, each in its own register (``detector`` is the
+    #: answer's); ``None`` until the block writes text outside its answer (see
+    #: :mod:`proxy.channels`).
+    side: SideChannels | None = None
+
+    def finish(self) -> Summary:
+        """The block's summary over all its channels, computed once when it ends."""
+        if self.summary is None:
+            self.summary = channels.merge(self.detector.finish(), self.side, self.verdict)
+        return self.summary
 
 
 #: The name the chat relay has always used.
@@ -228,13 +239,16 @@ class StreamGuard:
         state = self.choices[index] = BlockState(index, self._make_detector())
         return state
 
-    def feed_text(self, state: BlockState, text: str) -> Verdict | None:
-        """One token of a surface's text to its block's detector; the verdict when it asks the
-        stream to end here (``enforce``: state marked aborted, the guard done), else ``None``.
-        The surfaces (:mod:`proxy.surfaces`) write their own ending events around it."""
+    def feed_text(
+        self, state: BlockState, text: str, channel: Channel = "content"
+    ) -> Verdict | None:
+        """One token of a surface's text, on ``channel``, to its block's detector for that
+        channel; the verdict when it asks the stream to end here (``enforce``: state marked
+        aborted, the guard done), else ``None``. The surfaces (:mod:`proxy.surfaces`) write their
+        own ending events around it."""
         self.first_content = True
         state.tokens += 1
-        verdict = state.detector.feed(text, tokens=1)
+        verdict = feed_channel(state, channel, text, 1, None)
         state.chars += len(text)
         if verdict is None or state.verdict is not None:
             return None
@@ -330,15 +344,21 @@ class StreamGuard:
             verdict = None
             if text:
                 self.first_content = True
+                pieces = None
                 if self.policy.collect:
-                    self._collect(state, chunks.choice_pieces(choice))
+                    pieces = chunks.choice_pieces(choice)
+                    self._collect(state, pieces)
                 lp = choice.get("logprobs")
-                verdict = state.detector.feed(
-                    text,
-                    tokens=tokens,
-                    logprobs=None if lp is None else chunks.logprobs_entries(lp),
-                )
-                state.chars += len(text)
+                entries = None if lp is None else chunks.logprobs_entries(lp)
+                if not chunks.has_side_text(choice):
+                    verdict = state.detector.feed(text, tokens=tokens, logprobs=entries)
+                    if verdict is not None and state.side is not None:
+                        verdict = state.side.place(verdict, "content")
+                    state.chars += len(text)
+                else:
+                    verdict = self._feed_pieces(
+                        state, pieces or chunks.choice_pieces(choice), tokens, entries
+                    )
             if self.policy.collect:
                 self._collect_extra(state, choice)
             if (
@@ -385,6 +405,22 @@ class StreamGuard:
             return raw if not self.aborted else self._maybe_finish(raw)
         return self._maybe_finish(out)
 
+    @staticmethod
+    def _feed_pieces(
+        state: BlockState, pieces: list[Piece], tokens: int, entries: list[Any] | None
+    ) -> Verdict | None:
+        """A delta that writes outside the answer: each piece to its channel's register (the
+        delta's tokens and logprobs go with its first piece); the first verdict."""
+        verdict = None
+        for piece in pieces:
+            channel = channels.channel_of(piece.channel)
+            found = feed_channel(state, channel, piece.text, tokens, entries)
+            tokens, entries = 0, None
+            state.chars += len(piece.text)
+            if verdict is None:
+                verdict = found
+        return verdict
+
     def _on_verdict(
         self, state: BlockState, choice: dict[str, Any], verdict: Verdict, text: str
     ) -> bool:
@@ -426,6 +462,8 @@ class StreamGuard:
             verdict = state.detector.feed(text, tokens=tokens, logprobs=None)
             state.chars += len(text)
             if verdict is not None and state.verdict is None:
+                if state.side is not None:
+                    verdict = state.side.place(verdict, "content")
                 chunk = orjson.loads(read[6:-2])
                 choice = chunk["choices"][0]
                 if self._on_verdict(state, choice, verdict, text):
@@ -508,8 +546,7 @@ class StreamGuard:
         out = []
         for index in sorted(self.choices):
             st = self.choices[index]
-            summary = st.summary if st.summary is not None else st.detector.finish()
-            st.summary = summary
+            summary = st.finish()
             if st.action is None and summary.verdict is not None:
                 st.action = "observed"  # judged when the choice ended: nothing left to stop
             out.append(
@@ -567,6 +604,25 @@ class StreamGuard:
         if endpoint is not None and endpoint != self.policy.endpoint:
             raise ValueError(f"this guard relays {self.policy.endpoint}, not {endpoint}")
         return self.surface.response(self, trim)
+
+
+def feed_channel(
+    state: BlockState, channel: Channel, text: str, tokens: int, logprobs: list[Any] | None
+) -> Verdict | None:
+    """``text`` to ``state``'s detector for ``channel`` (see :mod:`proxy.channels`); a verdict
+    comes back with its onset in block offsets and its channel named. ``state.chars`` is the
+    block offset of ``text`` (the caller adds its length after)."""
+    if channel == "content":
+        verdict = state.detector.feed(text, tokens=tokens, logprobs=logprobs)
+        if verdict is not None and state.side is not None:
+            verdict = state.side.place(verdict, "content")
+        return verdict
+    side = state.side
+    if side is None:
+        side = state.side = SideChannels(state.detector.config)
+    side.note(channel, state.chars, len(text))
+    verdict = side.detector(channel).feed(text, tokens=tokens, logprobs=logprobs)
+    return None if verdict is None else side.place(verdict, channel)
 
 
 def _surface_event(guard: StreamGuard, raw: bytes, data: bytes | None) -> bytes:

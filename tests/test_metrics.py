@@ -27,6 +27,7 @@ from tests.net import free_port, wait_healthy
 QUALITY_FAMILIES = {
     "guard_generations",
     "guard_detections",
+    "guard_channel_detections",
     "guard_abort_position_tokens",
     "guard_completion_tokens",
     "guard_finish_reason",
@@ -111,6 +112,9 @@ def test_n_aborted_generations_counted(metrics: Metrics) -> None:
     assert value(q, gen, model="m", endpoint="chat", outcome="client_disconnected") == 0
     det = "guard_detections_total"
     assert value(q, det, model="m", signal="repetition", action="aborted") == 7
+    chan = "guard_channel_detections_total"
+    assert value(q, chan, model="m", channel="content", action="aborted") == 7
+    assert value(q, chan, model="m", channel="reasoning", action="aborted") == 0
     # Aborted choices count as the guard's own finish, not what the client was told.
     assert value(q, "guard_finish_reason_total", model="m", finish_reason="guard") == 7
     assert value(q, "guard_finish_reason_total", model="m", finish_reason="stop") == 3

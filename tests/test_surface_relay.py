@@ -235,9 +235,10 @@ def test_responses_looping_tool_arguments_are_closed_as_a_function_call() -> Non
     assert sent[-2][1]["item"]["arguments"] == streamed
 
 
-def test_messages_one_detector_sees_thinking_text_and_tool_input_in_order() -> None:
-    """One detector per message: the same text, in the same order, that chat's detector reads
-    for the same generation (reasoning, content, tool arguments)."""
+def test_messages_each_channel_of_the_message_has_its_own_register() -> None:
+    """One block per message, one register per channel in it: the answer's detector reads the
+    text blocks only, the thinking and the tool input each have their own (as on chat for the
+    same generation), and the message's summary counts all three."""
     seen: list[str] = []
 
     class Recording(Detector):
@@ -249,10 +250,14 @@ def test_messages_one_detector_sees_thinking_text_and_tool_input_in_order() -> N
     g = guard("messages", make_detector=Recording)
     whole = fake_stream("messages", script, max_tokens=100)
     assert g.feed(whole) + g.eof() == whole
-    assert "".join(seen) == "Two plus two." + "The answer is 4." + "{}"
+    assert "".join(seen) == "The answer is 4."
     assert list(g.choices) == [0]
+    side = g.choices[0].side
+    assert side is not None and sorted(side.detectors) == ["reasoning", "tool"]
     [record] = g.records(100)
     assert record.finish_reason == "tool_calls"
+    assert record.summary is not None
+    assert record.summary.chars == len("Two plus two." + "The answer is 4." + "{}")
 
 
 def test_ping_and_comments_pass_anywhere() -> None:

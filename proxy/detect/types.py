@@ -183,7 +183,10 @@ class Verdict:
 
     ``onset_char`` is the best estimate of where degeneration began (offset into the text fed so
     far), used to trim the tail of a non-streaming answer; ``fired_at_char`` is how much text had
-    been fed when the verdict fired.
+    been fed when the verdict fired. ``channel`` is the text it fired on (``content``: the
+    answer; ``reasoning``: the thinking; ``tool``: tool-call arguments; see
+    :mod:`proxy.channels`); a detector's own verdicts are ``content`` until the relay places
+    them.
     """
 
     signal: str
@@ -191,6 +194,7 @@ class Verdict:
     fired_at_char: int
     fired_at_token: int
     onset_char: int
+    channel: str = "content"
 
 
 @dataclass(frozen=True, slots=True)

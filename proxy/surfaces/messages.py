@@ -4,11 +4,12 @@ The stream is ``message_start``, then per content block ``content_block_start`` 
 ``content_block_delta``… → ``content_block_stop``, then ``message_delta`` (``stop_reason``,
 usage) and ``message_stop``; ``ping`` and ``error`` may come anywhere. No ``[DONE]``.
 
-One detector per message, not per block: vLLM builds the message out of one chat choice, and its
-blocks (``thinking``, then ``text``, then ``tool_use``) are consecutive slices of that choice. The
-detector therefore reads exactly what it reads on ``/v1/chat/completions`` for the same
-generation (reasoning, content, tool arguments in order), gives the same verdicts, and a model
-that loops by opening block after block is still one window.
+One block state per message, not per content block: vLLM builds the message out of one chat
+choice, and its blocks (``thinking``, then ``text``, then ``tool_use``) are consecutive slices of
+that choice. Each channel of it (thinking, text, tool input) is judged in its own register
+exactly as on ``/v1/chat/completions`` for the same generation (:mod:`proxy.channels`), so the
+verdicts are the same, and a model that loops by opening text block after text block is still
+one window.
 
 On a verdict (enforce) the delta that fired is forwarded, then the open block ends with
 ``content_block_stop``, a ``message_delta`` carries the stop reason (see :func:`stop_reason`),
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from proxy import chunks
+from proxy.channels import channel_of
 from proxy.chunks import Piece
 
 if TYPE_CHECKING:
@@ -158,7 +160,7 @@ class _Messages:
             index = obj.get("index")
             block = index if type(index) is int else 0
             state.pieces.append((state.chars, Piece(delta["type"], text, block)))
-        verdict = guard.feed_text(state, text)
+        verdict = guard.feed_text(state, text, channel_of(delta["type"]))
         if verdict is None:
             return raw
         state.ended = True

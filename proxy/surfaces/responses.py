@@ -7,7 +7,9 @@ and ``response.function_call_arguments.delta``, each naming its ``output_index``
 
 One detector per output item: an item is one thing the model produced (a reasoning trace, a
 message, one tool call), each with its own register, and the Responses API itself ends and
-reports them one by one. Every other event is forwarded as it is.
+reports them one by one. A reasoning item's text is thinking and a tool call's is arguments:
+each is judged as its channel is (:mod:`proxy.channels`), never against the answer's expected
+language. Every other event is forwarded as it is.
 
 On a verdict (enforce) the delta that fired is forwarded, then the open item is closed the way
 the engine would close it — ``response.output_text.done`` / ``response.reasoning_text.done`` /
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from proxy import chunks
 
 if TYPE_CHECKING:
+    from proxy.channels import Channel
     from proxy.errors import GuardError
     from proxy.relay import BlockState, StreamGuard
 
@@ -41,6 +44,13 @@ DELTAS = frozenset(
         "response.function_call_arguments.delta",
     }
 )
+#: The channel of each delta's text (see :mod:`proxy.channels`): a reasoning item is thinking,
+#: judged in its own register without the answer's language expectation.
+CHANNELS: dict[str, Channel] = {
+    "response.output_text.delta": "content",
+    "response.reasoning_text.delta": "reasoning",
+    "response.function_call_arguments.delta": "tool",
+}
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 #: ``content_index`` key under which a function call's arguments are kept.
 ARGUMENTS = -1
@@ -172,7 +182,7 @@ class _Responses:
         item_state.texts.setdefault(key, []).append(text)
         if not text:
             return raw
-        verdict = guard.feed_text(state, text)
+        verdict = guard.feed_text(state, text, CHANNELS[kind])
         if verdict is None:
             return raw
         reason = guard.policy.abort_finish_reason
