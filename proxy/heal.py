@@ -478,6 +478,9 @@ class HealGuard(StreamGuard):
         if verdict is not None:
             out["signal"] = verdict.signal
             out["score"] = verdict.score
+            if verdict.language_source is not None:
+                out["expected_language"] = verdict.expected_language
+                out["language_source"] = verdict.language_source
         out["onset_char"] = carry.first_onset if carry.first_onset is not None else self.cut
         out["tokens_discarded"] = self.discarded_tokens()
         out["completion_tokens"] = self.answer_tokens()
