@@ -353,6 +353,10 @@ _LETTER = re.compile(r"[^\W\d_]")
 _PERSIAN = re.compile(r"[پچژگ]")
 _URDU = re.compile(r"[ٹڈڑںےھ]")
 _UKRAINIAN = re.compile(r"[іїєґІЇЄҐ]")
+_RUSSIAN = re.compile(r"[ыэъёЫЭЪЁ]")
+# Letters only Vietnamese uses among the languages people write to models in.
+_VIETNAMESE = re.compile(r"[\u1ea0-\u1ef9ơưƠƯ]")
+_ACCENTED = re.compile(r"[^\W\da-zA-Z_]")
 
 #: Languages identification splits; scored as one, named by the first (the one far more
 #: people write to a model in).
@@ -392,8 +396,14 @@ def prompt_language(text: str) -> str | None:
         return _identified(clean, {"hi", "mr", "ne"}) or "hi"
     cyrillic = len(_CYRILLIC.findall(clean))
     if cyrillic >= 4 and 2 * cyrillic >= total:
-        fallback = "uk" if _UKRAINIAN.search(clean) else "ru"
-        return _identified(clean, None) or (fallback if len(clean) < _LONG_CHARS else None)
+        # Russian and Ukrainian share most short words; a wrong guess between them would judge
+        # one language's words against the other's word list, so only letters decide here.
+        ukrainian, russian = bool(_UKRAINIAN.search(clean)), bool(_RUSSIAN.search(clean))
+        if ukrainian != russian:
+            return "uk" if ukrainian else "ru"
+        return _identified(clean, None)
+    if _VIETNAMESE.search(clean) and len(_ACCENTED.findall(clean)) >= 2:
+        return "vi"
     return _identified(clean, None)
 
 
