@@ -39,6 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from proxy.detect import Detector  # noqa: E402
+from proxy.detect.drift import source_like  # noqa: E402
+from proxy.language import strip_noise  # noqa: E402
 from proxy.rewrite import RewritePolicy, rewrite_request  # noqa: E402
 from proxy.scoring import split_deltas  # noqa: E402
 
@@ -139,6 +141,18 @@ def verdict(text: str, expected: str | None) -> str | None:
     return None if found is None else found.signal
 
 
+#: Model answers (not changelogs, lyrics or legal text) by language: what a wrong-language or
+#: drifting answer is made of.
+ANSWER_KINDS = frozenset({"llm-answer", "qa-answer"})
+ANSWERS: dict[str, list[str]] = defaultdict(list)
+
+
+def prose(text: str) -> bool:
+    """Prose, not code or a data file: a wrong-language answer is written, not listed. (Code
+    in any language is judged by other signals; it is not a language the answer drifts to.)"""
+    return len(strip_noise(text)) >= 0.7 * len(text) and not source_like(text)
+
+
 def load_texts() -> tuple[dict[str, list[str]], list[tuple[str, str]]]:
     """Healthy answers by language (>= 200 characters), and (instruction, answer) pairs."""
     by_lang: dict[str, list[str]] = defaultdict(list)
@@ -154,11 +168,14 @@ def load_texts() -> tuple[dict[str, list[str]], list[tuple[str, str]]]:
             pairs.append((row["instruction"], row["text"]))
         elif len(row["text"]) >= 200 and row["lang"] != "mixed":
             by_lang[row["lang"]].append(row["text"])
+            if row.get("kind") in ANSWER_KINDS:
+                ANSWERS[row["lang"]].append(row["text"])
     with gzip.open(ROOT / "bench" / "data" / "realgen.jsonl.gz", "rt", encoding="utf-8") as fh:
         for line in fh:
             row = json.loads(line)
             if row["label"] == "healthy" and len(row["text"]) >= 200:
                 by_lang[row["lang"]].append(row["text"])
+                ANSWERS[row["lang"]].append(row["text"])
     return by_lang, pairs
 
 
@@ -234,8 +251,8 @@ def measure(show: bool) -> dict[str, Any]:
     # Wholly in another language: English (or Chinese) answers to questions in language L.
     caught = n = 0
     missed: Counter[str] = Counter()
-    english = by_lang["en"]
-    chinese = by_lang["zh"]
+    english = [t for t in ANSWERS["en"] if prose(t)]
+    chinese = [t for t in ANSWERS["zh"] if prose(t)]
     for lang, questions in QUESTIONS.items():
         if lang == "en":
             continue
@@ -248,6 +265,8 @@ def measure(show: bool) -> dict[str, Any]:
                     caught += 1
                 else:
                     missed[lang] += 1
+                    if show:
+                        print(f"  missed ({question!r}): {answer[:60]!r}")
     out["wrong_in_question_language"] = {"answers": n, "caught": caught, "missed": dict(missed)}
 
     # English question, explicit request for another language, English answer.
@@ -265,10 +284,13 @@ def measure(show: bool) -> dict[str, Any]:
                     else (f"{question} {ask.format(name)}")
                 )
                 n += 1
-                if verdict(rng.choice(english), expectation(text)) is not None:
+                answer = rng.choice(english)
+                if verdict(answer, expectation(text)) is not None:
                     caught += 1
                 else:
                     missed[target] += 1
+                    if show:
+                        print(f"  missed ({text!r}): {answer[:60]!r}")
     out["wrong_when_requested"] = {"answers": n, "caught": caught, "missed": dict(missed)}
 
     # Real engine: SmolLM2 answers labelled drift, judged with their real prompts.

@@ -354,6 +354,15 @@ _PERSIAN = re.compile(r"[پچژگ]")
 _URDU = re.compile(r"[ٹڈڑںےھ]")
 _UKRAINIAN = re.compile(r"[іїєґІЇЄҐ]")
 _RUSSIAN = re.compile(r"[ыэъёЫЭЪЁ]")
+# Short words only one of the two writes (question words, conjunctions, "this", "me").
+_UKRAINIAN_WORDS = frozenset(
+    ("що", "чому", "як", "це", "та", "або", "але", "який", "яка", "яке", "які", "де", "коли",
+     "ти", "мені", "чи", "навіщо", "скільки", "хто")
+)  # fmt: skip
+_RUSSIAN_WORDS = frozenset(
+    ("что", "почему", "как", "это", "или", "но", "какой", "какая", "какое", "какие", "где",
+     "когда", "ты", "мне", "ли", "зачем", "сколько", "кто")
+)  # fmt: skip
 # Letters only Vietnamese uses among the languages people write to models in.
 _VIETNAMESE = re.compile(r"[\u1ea0-\u1ef9ơưƠƯ]")
 _ACCENTED = re.compile(r"[^\W\da-zA-Z_]")
@@ -396,9 +405,12 @@ def prompt_language(text: str) -> str | None:
         return _identified(clean, {"hi", "mr", "ne"}) or "hi"
     cyrillic = len(_CYRILLIC.findall(clean))
     if cyrillic >= 4 and 2 * cyrillic >= total:
-        # Russian and Ukrainian share most short words; a wrong guess between them would judge
-        # one language's words against the other's word list, so only letters decide here.
-        ukrainian, russian = bool(_UKRAINIAN.search(clean)), bool(_RUSSIAN.search(clean))
+        # Russian and Ukrainian share most words; a wrong guess between them would judge one
+        # language's words against the other's word list, so letters and the few short words
+        # only one of them writes decide, and identification only where they say nothing.
+        words = set(re.findall(r"\w+", clean.lower()))
+        ukrainian = bool(_UKRAINIAN.search(clean) or words & _UKRAINIAN_WORDS)
+        russian = bool(_RUSSIAN.search(clean) or words & _RUSSIAN_WORDS)
         if ukrainian != russian:
             return "uk" if ukrainian else "ru"
         return _identified(clean, None)
