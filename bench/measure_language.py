@@ -2,6 +2,8 @@
 
     python bench/measure_language.py            # all figures (about a minute on one core)
     python bench/measure_language.py --misses   # also print what was missed / flagged
+    MEASURE_PROXY_ROOT=/path/to/other/checkout python bench/measure_language.py
+                                                # the same data through another version
 
 What is measured (figures in docs/language.md):
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import random
 import sys
 from collections import Counter, defaultdict
@@ -36,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, os.environ.get("MEASURE_PROXY_ROOT", str(ROOT)))
 
 from proxy.detect import Detector  # noqa: E402
 from proxy.detect.drift import source_like  # noqa: E402
