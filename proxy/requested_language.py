@@ -66,18 +66,21 @@ UNSET = Expectation(None, "none", "off")
 # few letters of inflection may follow ("Englische", "английском"); the others are written out.
 _NAMES: dict[str, tuple[str, ...]] = {
     "en": (
+        "angielsk", "engels", "engelska",
         "english", "inglés", "ingles", "inglesa", "anglais", "englisch", "inglese", "inglês",
         "англий", "英文", "英语", "英語", "영어", "अंग्रेज़ी", "अंग्रेजी", "इंग्लिश",
         "الإنجليزية", "الانجليزية", "الإنكليزية", "الانكليزية", "ingilizce", "bahasa inggris",
         "inggris", "tiếng anh",
     ),
     "zh": (
+        "chińsk", "chinees", "kinesiska",
         "chinese", "mandarin", "chino", "chinois", "chinesisch", "cinese", "chinês", "chines",
         "китай", "中文", "汉语", "漢語", "普通话", "普通話", "华语", "華語", "中国語", "중국어",
         "चीनी", "الصينية", "çince", "bahasa mandarin", "bahasa tionghoa", "bahasa cina",
         "tiếng trung", "tiếng hoa",
     ),
     "es": (
+        "hiszpańsk", "spaans", "spanska",
         "spanish", "español", "espanol", "castellano", "espagnol", "spanisch", "spagnolo",
         "espanhol", "испан", "西班牙语", "西班牙文", "西班牙語", "スペイン語", "스페인어",
         "स्पेनिश", "स्पैनिश", "الإسبانية", "الاسبانية", "ispanyolca", "bahasa spanyol",
@@ -93,25 +96,30 @@ _NAMES: dict[str, tuple[str, ...]] = {
         "tiếng ả rập", "tiếng a rập",
     ),
     "pt": (
+        "portugalsk", "portugees", "portugisiska",
         "portuguese", "portugués", "portugais", "portugiesisch", "portoghese", "português",
         "portugues", "португал", "葡萄牙语", "葡萄牙文", "葡萄牙語", "ポルトガル語", "포르투갈어",
         "पुर्तगाली", "البرتغالية", "portekizce", "bahasa portugis", "tiếng bồ đào nha",
     ),
     "ru": (
+        "rosyjsk", "russisch", "ryska",
         "russian", "ruso", "russe", "russisch", "russo", "русск", "俄语", "俄文", "俄語",
         "ロシア語", "러시아어", "रूसी", "الروسية", "rusça", "bahasa rusia", "tiếng nga",
     ),
     "ja": (
+        "japońsk", "japans", "japanska",
         "japanese", "japonés", "japones", "japonais", "japanisch", "giapponese", "japonês",
         "япон", "日语", "日文", "日語", "日本語", "일본어", "जापानी", "اليابانية", "japonca",
         "bahasa jepang", "tiếng nhật",
     ),
     "de": (
+        "niemieck", "duits", "tyska",
         "german", "alemán", "aleman", "allemand", "deutsch", "tedesco", "alemão", "alemao",
         "немец", "德语", "德文", "德語", "ドイツ語", "독일어", "जर्मन", "الألمانية",
         "الالمانية", "almanca", "bahasa jerman", "tiếng đức",
     ),
     "fr": (
+        "francusk", "frans", "franska",
         "french", "francés", "frances", "français", "francais", "französisch", "franzosisch",
         "francese", "francês", "француз", "法语", "法文", "法語", "フランス語", "프랑스어",
         "फ़्रेंच", "फ्रेंच", "फ्रांसीसी", "الفرنسية", "fransızca", "bahasa prancis",
@@ -123,6 +131,7 @@ _NAMES: dict[str, tuple[str, ...]] = {
         "bahasa korea", "tiếng hàn",
     ),
     "it": (
+        "włosk", "italiaans", "italienska",
         "italian", "italiano", "italien", "italienisch", "итальян", "意大利语", "意大利文",
         "義大利語", "意大利語", "イタリア語", "이탈리아어", "इतालवी", "الإيطالية", "الايطالية",
         "italyanca", "bahasa italia", "tiếng ý",

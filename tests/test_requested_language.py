@@ -39,7 +39,9 @@ from proxy.rewrite import LANGUAGE_INSTRUCTIONS
         ("İngilizce cevap ver.", "en"),
         ("Jawab dalam bahasa Inggris.", "en"),
         ("Trả lời bằng tiếng Anh.", "en"),
-        ("Odpowiedz po angielsku.", None),  # Polish names of other languages are not listed
+        ("Odpowiedz po angielsku.", "en"),
+        ("Antwoord in het Engels.", "en"),
+        ("Svara på engelska.", "en"),
     ],
 )
 def test_explicit_instructions_in_many_languages(text: str, code: str | None) -> None:
