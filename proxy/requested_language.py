@@ -304,8 +304,17 @@ _TRANSLATE = re.compile(
     r"(?<![\w])(?:translat|traduc|tradui|übersetz|ubersetz|tradu[cz]|terjemah|dịch|çevir"
     r"|cevir|перевед|переве)|翻译|翻譯|翻訳|번역|अनुवाद|ترجم"
 )
-# Questions about a language rather than instructions to use it.
-_ABOUT = re.compile(r"(?<![\w])(?:say|mean\w*|word\s+for|called|pronounc\w*|spell\w*)(?![\w])")
+# Clauses that name a language without asking for the answer to be in it: questions about the
+# language ("How do you say …", "How would I translate my site into …"), snippets in it whose
+# explanation is in the prompt's language ("5 phrases in Japanese"), and programs that
+# translate ("a Python function that translates text into French").
+_ABOUT = re.compile(
+    r"(?<![\w])(?:say|mean\w*|word\s+for|called|pronounc\w*|spell\w*"
+    r"|how\s+(?:do|would|can|could|should|to)(?:\s+(?:i|we))?"
+    r"|phrases?|words?|sentences?|expressions?|vocabulary|idioms?|greetings?|sayings?|examples?"
+    r"|python|javascript|typescript|java|function|program|script|code|api|regex|sql|translates)"
+    r"(?![\w])"
+)
 _CLAUSE = re.compile(r"[^.!?;\n。！？；]+")
 
 #: How much of a long message is searched for an instruction: its start and its end.

@@ -57,6 +57,8 @@ def test_explicit_instructions_in_many_languages(text: str, code: str | None) ->
         "Tell me about Spanish-speaking countries.",
         "Напиши о русском рынке.",
         "What is the capital of Japan?",
+        "Give me 5 phrases in Japanese for travel.",
+        "How do you reply in French to a compliment?",
     ],
 )
 def test_mentions_that_are_not_instructions(text: str) -> None:
@@ -107,3 +109,8 @@ def test_derive_order_and_ambiguity() -> None:
     untargeted = derive([], "Translate this: il fait beau aujourd'hui et nous allons au parc.")
     assert (untargeted.code, untargeted.reason) == (None, "translation")
     assert derive([], "ok").code is None
+    for program in (
+        "Write a Python function that translates text into French.",
+        "How would I translate my website into Spanish?",
+    ):
+        assert derive([], program).code is None
