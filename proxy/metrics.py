@@ -54,6 +54,7 @@ from prometheus_client.registry import Collector
 from proxy.channels import CHANNELS
 from proxy.detect import SIGNALS
 from proxy.records import ChoiceRecord, GenerationRecord
+from proxy.requested_language import SOURCES
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 OTHER: Final = "other"
@@ -63,6 +64,7 @@ OUTCOMES: Final = frozenset({"completed", "aborted", "client_disconnected", "ups
 ENDPOINTS: Final = frozenset({"chat", "completions", "responses", "messages"})
 DETECTION_ACTIONS: Final = frozenset({"aborted", "observed", "healed"})
 MAX_TOKENS_ACTIONS: Final = frozenset({"defaulted", "clamped", "rejected"})
+LANGUAGE_SOURCES: Final = frozenset(SOURCES)
 UPSTREAM_ERROR_KINDS: Final = frozenset({"connect", "timeout", "status", "protocol", "disconnect"})
 CLIENT_TIMEOUT_KINDS: Final = frozenset({"write", "deadline"})
 #: What vLLM and the OpenAI enum can say, ``none`` for a choice that ended without one, and
@@ -322,6 +324,16 @@ class Metrics:
                 registry=q,
             )
         )
+        self._language_expectation = _Children(
+            Counter(
+                "guard_language_expectation",
+                "Guarded requests by where the expected answer language came from: the client's "
+                "request (header or instruction), the prompt's language, the configuration, or "
+                "none.",
+                ("model", "source"),
+                registry=q,
+            )
+        )
         self._repetition = _Children(
             Histogram(
                 "guard_repetition_score",
@@ -562,6 +574,10 @@ class Metrics:
     def language_constraint(self, model: str, language: str) -> None:
         """A language instruction was injected into the request."""
         self._language_constraint(self._model(model), self._language(language.lower())).inc()
+
+    def language_expectation(self, model: str, source: str) -> None:
+        """source in request | prompt | config | none (:data:`proxy.requested_language.SOURCES`)."""
+        self._language_expectation(self._model(model), _fixed(source, LANGUAGE_SOURCES)).inc()
 
     # -- infrastructure ----------------------------------------------------------------------
 

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from proxy.errors import BadRequest
-from proxy.language import identify_language
 from proxy.records import Endpoint
+from proxy.requested_language import UNSET, Expectation, derive
 
 if TYPE_CHECKING:
     from proxy.settings import Settings
@@ -60,11 +60,6 @@ SURFACE_SAMPLING_FIELDS: Mapping[str, frozenset[str]] = {
 #: The token-limit field of each newer route.
 SURFACE_LIMIT = {"responses": "max_output_tokens", "messages": "max_tokens"}
 
-#: Shortest user message (in characters) worth identifying; shorter ones are too often misjudged.
-_MIN_LANGUAGE_CHARS = 20
-#: Confidence below which ``auto`` stays silent rather than pin the wrong language.
-_MIN_LANGUAGE_CONFIDENCE = 0.80
-
 LANGUAGE_INSTRUCTIONS: Mapping[str, str] = {
     "en": "Respond only in English. Do not use any other language.",
     "it": "Rispondi esclusivamente in italiano. Non usare altre lingue.",
@@ -82,6 +77,14 @@ LANGUAGE_INSTRUCTIONS: Mapping[str, str] = {
     "tr": "Yalnızca Türkçe yanıt ver. Başka bir dil kullanma.",
     "sv": "Svara endast på svenska. Använd inget annat språk.",
     "cs": "Odpovídej výhradně česky. Nepoužívej žádný jiný jazyk.",
+    "hi": "केवल हिंदी में उत्तर दें। किसी अन्य भाषा का उपयोग न करें।",
+    "ar": "أجب باللغة العربية فقط. لا تستخدم أي لغة أخرى.",
+    "id": "Jawablah hanya dalam bahasa Indonesia. Jangan gunakan bahasa lain.",
+    "vi": "Chỉ trả lời bằng tiếng Việt. Không sử dụng ngôn ngữ nào khác.",
+    "th": "ตอบเป็นภาษาไทยเท่านั้น ห้ามใช้ภาษาอื่น",
+    "el": "Απάντησε μόνο στα ελληνικά. Μη χρησιμοποιείς καμία άλλη γλώσσα.",
+    "he": "ענה רק בעברית. אל תשתמש בשום שפה אחרת.",
+    "fa": "فقط به زبان فارسی پاسخ بده. از هیچ زبان دیگری استفاده نکن.",
 }
 
 #: English names for the languages that get the English fallback sentence.
@@ -144,6 +147,8 @@ class Rewrite:
     #: No limit was sent: the engine's own (the rest of its context, at most ``max_tokens``)
     #: is within the default. Follow-up requests (heal's continuations) send none either.
     engine_limited: bool = False
+    #: Where the expected language came from, and why (``x-guard-language``, metrics).
+    expectation: Expectation = UNSET
 
 
 def _request_logprobs(out: dict[str, Any], endpoint: Endpoint) -> bool:
@@ -178,6 +183,7 @@ def rewrite_request(
     *,
     usage_options: bool = True,
     engine_limit: int | None = None,
+    language: str | None = None,
 ) -> Rewrite:
     """Validate the fields the guard relies on and build the upstream request.
 
@@ -185,12 +191,14 @@ def rewrite_request(
     reject ``stream_options`` (or its vLLM-only ``continuous_usage_stats``): the client's own
     stream options are then passed through unchanged. ``engine_limit`` is the largest limit the
     engine accepts for this request (the model's context, :mod:`proxy.engine_context`), when
-    known: a default above it is never sent.
+    known: a default above it is never sent. ``language`` is the client's own setting
+    (``x-guard-language``, already validated; ``none`` for no expectation), which wins over
+    everything the request says.
     """
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object.")
     if endpoint in SURFACE_LIMIT:
-        return _rewrite_surface(dict(body), endpoint, policy, engine_limit)
+        return _rewrite_surface(dict(body), endpoint, policy, engine_limit, language)
     out = dict(body)
 
     model = _optional(out, "model", str)
@@ -213,7 +221,8 @@ def rewrite_request(
 
     _apply_sampling_defaults(out, model, policy.sampling_defaults)
     max_tokens, action, header = _limit_max_tokens(out, endpoint, policy, engine_limit)
-    expected, injected = _constrain_language(out, endpoint, policy.language, policy.expect_language)
+    expectation = expect_language(out, endpoint, policy, language)
+    injected = _constrain_language(out, endpoint, policy.language, expectation)
 
     out["stream"] = True
     if usage_options and policy.request_usage:
@@ -233,17 +242,22 @@ def rewrite_request(
         max_tokens=max_tokens,
         max_tokens_action=None if action == "engine" else action,
         max_tokens_header=header,
-        expected_language=expected,
+        expected_language=expectation.code,
         injected_language=injected,
         structured=_is_structured(out),
         n=n or 1,
         injected_logprobs=injected_logprobs,
         engine_limited=action == "engine",
+        expectation=expectation,
     )
 
 
 def _rewrite_surface(
-    out: dict[str, Any], endpoint: Endpoint, policy: RewritePolicy, engine_limit: int | None
+    out: dict[str, Any],
+    endpoint: Endpoint,
+    policy: RewritePolicy,
+    engine_limit: int | None,
+    language: str | None,
 ) -> Rewrite:
     """``rewrite_request`` for ``/v1/responses`` and ``/v1/messages`` (see the module docstring)."""
     model = _optional(out, "model", str)
@@ -269,7 +283,8 @@ def _rewrite_surface(
         }
         _apply_sampling_defaults(out, model, defaults)
     max_tokens, action, header = _limit_surface_tokens(out, endpoint, policy, engine_limit)
-    expected, injected = _constrain_surface_language(out, endpoint, policy.language)
+    expectation = expect_language(out, endpoint, policy, language)
+    injected = _constrain_surface_language(out, endpoint, policy.language, expectation)
     out["stream"] = True
     fmt = out.get("text")
     fmt = fmt.get("format") if isinstance(fmt, dict) else None
@@ -282,11 +297,12 @@ def _rewrite_surface(
         max_tokens=max_tokens,
         max_tokens_action=None if action == "engine" else action,
         max_tokens_header=header,
-        expected_language=expected,
+        expected_language=expectation.code,
         injected_language=injected,
         structured=structured or out.get("structured_outputs") is not None,
         n=1,
         engine_limited=action == "engine",
+        expectation=expectation,
     )
 
 
@@ -328,23 +344,12 @@ def _limit_surface_tokens(
 
 
 def _constrain_surface_language(
-    body: dict[str, Any], endpoint: Endpoint, setting: str
-) -> tuple[str | None, str | None]:
+    body: dict[str, Any], endpoint: Endpoint, setting: str, expectation: Expectation
+) -> str | None:
     """The language constraint in ``instructions`` (Responses) or ``system`` (Messages)."""
-    if setting == "off":
-        return None, None
-    if setting == "auto":
-        # Read the prompt the way chat's is read: Messages turns and Responses input items
-        # are role/content objects whose text parts carry "text".
-        if endpoint == "responses" and isinstance(body["input"], str):
-            code = _detect_prompt_language({"prompt": body["input"]}, "completions")
-        else:
-            turns = body["input"] if endpoint == "responses" else body["messages"]
-            code = _detect_prompt_language({"messages": turns}, "chat")
-        if code is None:
-            return None, None
-    else:
-        code = setting
+    code = expectation.code
+    if setting == "off" or code is None:
+        return None
     instruction = language_instruction(code)
     key = "instructions" if endpoint == "responses" else "system"
     current = body.get(key)
@@ -355,7 +360,7 @@ def _constrain_surface_language(
         body[key] = [*current, {"type": "text", "text": instruction}]
     else:
         body[key] = instruction
-    return code, code
+    return code
 
 
 def _optional(body: dict[str, Any], field: str, kind: type) -> Any:
@@ -451,57 +456,79 @@ def _limit_max_tokens(
     return limit, "clamped", f"clamped; value={limit}; requested={requested[effective_field]}"
 
 
-def _constrain_language(
-    body: dict[str, Any], endpoint: Endpoint, setting: str, expect: str = "prompt"
-) -> tuple[str | None, str | None]:
-    """Return (language the detector should expect, language whose instruction was injected).
+def expect_language(
+    body: dict[str, Any], endpoint: Endpoint, policy: RewritePolicy, header: str | None = None
+) -> Expectation:
+    """The language the answer must be in (see :mod:`proxy.requested_language`).
 
-    Completions get no instruction (their prompt is raw text we must not edit) but the detector
-    is still told the language. With no instruction configured (``GUARD_LANGUAGE=off``) the
-    prompt's own language is still the best evidence of the language the answer should be in:
-    a model asked in Italian that answers in English has drifted, whether or not anyone asked
-    the guard to pin the language. So ``expect="prompt"`` tells the detector that language
-    without touching the request. Except English: a prompt in English that asks for an answer in
-    another language ("write it in Italian", "translate into French") is common, while models
-    drift *into* English, not out of it; a Chinese or Korean answer to an English prompt is
-    still caught by the script-intrusion signal, which needs no expected language.
+    The client's ``x-guard-language`` wins, then a language the operator pinned
+    (``GUARD_LANGUAGE=<code>``), then what the request asks for or is written in. With no
+    instruction configured (``GUARD_LANGUAGE=off``) and ``GUARD_EXPECT_LANGUAGE=prompt`` an English
+    prompt with no explicit request sets no expectation: models drift *into* English, not out
+    of it, and an English prompt often wants another language in words the derivation does not
+    read ("What are common Japanese greetings?"); a Chinese or Korean answer to it is still
+    caught by the script-intrusion signal.
     """
-    if setting == "off":
-        if expect == "prompt":
-            code = _detect_prompt_language(body, endpoint)
-            return (None if code == "en" else code), None
-        return None, None
-    if setting == "auto":
-        code = _detect_prompt_language(body, endpoint)
-        if code is None:
-            return None, None
-    else:
-        code = setting
-    if endpoint != "chat":
-        return code, None
+    if header is not None:
+        if header in ("none", "off"):
+            return Expectation(None, "none", "header")
+        return Expectation(header, "request", "header")
+    setting = policy.language
+    if setting not in ("off", "auto"):
+        return Expectation(setting, "config", "config")
+    if setting == "off" and policy.expect_language != "prompt":
+        return Expectation(None, "none", "off")
+    instructions, last_user = _request_texts(body, endpoint)
+    found = derive(instructions, last_user)
+    if setting == "off" and found.source == "prompt" and found.code == "en":
+        return Expectation(None, "none", "english")
+    return found
+
+
+def _constrain_language(
+    body: dict[str, Any], endpoint: Endpoint, setting: str, expectation: Expectation
+) -> str | None:
+    """Inject the expected language's instruction (chat only; the language whose instruction
+    was injected, or None). Completions get none: their prompt is raw text we must not edit."""
+    code = expectation.code
+    if setting == "off" or code is None or endpoint != "chat":
+        return None
     _add_system_instruction(body, language_instruction(code))
-    return code, code
+    return code
 
 
-def _detect_prompt_language(body: dict[str, Any], endpoint: Endpoint) -> str | None:
-    if endpoint == "chat":
-        text = next(
-            (
-                _message_text(m)
-                for m in reversed(body["messages"])
-                if isinstance(m, dict) and m.get("role") == "user"
-            ),
-            "",
-        )
+def _request_texts(body: dict[str, Any], endpoint: Endpoint) -> tuple[list[str], str]:
+    """(system/developer texts, the last user turn's text) of any surface's request."""
+    if endpoint == "completions":
+        prompt = body.get("prompt")
+        return [], prompt if isinstance(prompt, str) else ""
+    instructions: list[str] = []
+    if endpoint == "responses":
+        given = body.get("instructions")
+        if isinstance(given, str):
+            instructions.append(given)
+        turns = body.get("input")
+        if isinstance(turns, str):
+            return instructions, turns
+    elif endpoint == "messages":
+        system = body.get("system")
+        if isinstance(system, str):
+            instructions.append(system)
+        elif isinstance(system, list):
+            instructions.append(_message_text({"content": system}))
+        turns = body.get("messages")
     else:
-        prompt = body["prompt"]
-        text = prompt if isinstance(prompt, str) else ""
-    if len(text.strip()) < _MIN_LANGUAGE_CHARS:
-        return None
-    found = identify_language(text)
-    if found is None or found[1] < _MIN_LANGUAGE_CONFIDENCE:
-        return None
-    return found[0]
+        turns = body.get("messages")
+    last_user = ""
+    for message in turns if isinstance(turns, list) else ():
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        if role in ("system", "developer"):
+            instructions.append(_message_text(message))
+        elif role == "user":
+            last_user = _message_text(message)
+    return instructions, last_user
 
 
 def _message_text(message: dict[str, Any]) -> str:

@@ -134,7 +134,8 @@ def _check_upstream_url(value: str) -> str:
     return text
 
 
-def _check_language(value: str) -> str:
+def check_language(value: str) -> str:
+    """A language setting (off, auto, an ISO 639-1 code or a name) as the code, else ValueError."""
     text = value.strip().lower()
     if text in ("off", "auto") or text in LANGUAGE_CODES:
         return text
@@ -312,7 +313,7 @@ class Settings(BaseSettings):
     @field_validator("language")
     @classmethod
     def _language(cls, value: str) -> str:
-        return _check_language(value)
+        return check_language(value)
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from proxy.errors import BadRequest
+from proxy.records import Endpoint
 from proxy.rewrite import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     RewritePolicy,
@@ -246,10 +247,8 @@ def test_completions_get_expected_language_but_no_prompt_edit() -> None:
 
 
 def test_languages_without_translation_get_an_english_sentence() -> None:
-    assert (
-        language_instruction("vi") == "Respond only in Vietnamese. Do not use any other language."
-    )
-    for code in ("en", "it", "fr", "de", "es", "pt", "nl", "pl", "ru", "zh", "ja", "ko"):
+    assert language_instruction("sw") == "Respond only in Swahili. Do not use any other language."
+    for code in ("en", "it", "fr", "de", "es", "pt", "nl", "pl", "ru", "zh", "ja", "ko", "vi"):
         assert "Respond only" not in language_instruction(code) or code == "en"
 
 
@@ -264,3 +263,85 @@ def test_languages_without_translation_get_an_english_sentence() -> None:
 )
 def test_structured_output_is_flagged(fields: dict[str, Any], structured: bool) -> None:
     assert rewrite_request(chat(**fields), "chat", POLICY).structured is structured
+
+
+ASK_FRENCH = "Reply in French. Explain how a rainbow forms, for a curious teenager."
+
+
+def test_auto_injects_the_requested_language_not_the_prompts() -> None:
+    """An English prompt that asks for French gets the French instruction, never English."""
+    rw = rewrite_request(chat(messages=[{"role": "user", "content": ASK_FRENCH}]), "chat",
+                         RewritePolicy(language="auto"))  # fmt: skip
+    assert (rw.expected_language, rw.injected_language) == ("fr", "fr")
+    assert rw.body["messages"][0]["content"] == language_instruction("fr")
+    assert (rw.expectation.source, rw.expectation.reason) == ("request", "instruction")
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "where"),
+    [
+        ("responses", {"model": "m", "input": ASK_FRENCH}, "instructions"),
+        ("responses", {"model": "m", "instructions": "Always answer in German.",
+                       "input": [{"role": "user", "content": "Explain how rainbows form."}]},
+         "instructions"),
+        ("messages", {"model": "m", "max_tokens": 50,
+                      "messages": [{"role": "user", "content": ASK_FRENCH}]}, "system"),
+        ("messages", {"model": "m", "max_tokens": 50, "system": [
+            {"type": "text", "text": "Always answer in German."}],
+            "messages": [{"role": "user", "content": "Explain how rainbows form."}]}, "system"),
+    ],
+)  # fmt: skip
+def test_auto_reads_the_request_on_every_surface(
+    endpoint: Endpoint, body: dict[str, Any], where: str
+) -> None:
+    rw = rewrite_request(body, endpoint, RewritePolicy(language="auto"))
+    code = "de" if "German" in str(body) else "fr"
+    assert (rw.expected_language, rw.injected_language, rw.expectation.source) == (
+        code,
+        code,
+        "request",
+    )
+    assert language_instruction(code) in str(rw.body[where])
+
+
+def test_auto_injects_nothing_when_unsure() -> None:
+    """Two requested languages, or a translation without a target: no instruction at all."""
+    for text in (
+        "Write a short story in Spanish and then explain it in English.",
+        "Translate this: il fait beau aujourd'hui et nous allons au parc.",
+    ):
+        body = chat(messages=[{"role": "user", "content": text}])
+        rw = rewrite_request(body, "chat", RewritePolicy(language="auto"))
+        assert (rw.expected_language, rw.injected_language) == (None, None)
+        assert rw.body["messages"] == body["messages"]
+
+
+def test_default_settings_expect_the_requested_language_without_injecting() -> None:
+    """GUARD_LANGUAGE=off: the English prompt that asks for Hindi expects Hindi; an English
+    prompt without a request expects nothing; the request is not edited."""
+    asked = chat(messages=[{"role": "user", "content": "Explain rainbows. Reply in Hindi."}])
+    rw = rewrite_request(asked, "chat", RewritePolicy())
+    assert (rw.expected_language, rw.injected_language) == ("hi", None)
+    assert rw.body["messages"] == asked["messages"]
+    plain = chat(messages=[{"role": "user", "content": "Explain how a rainbow forms, please."}])
+    assert rewrite_request(plain, "chat", RewritePolicy()).expectation.reason == "english"
+    short = chat(messages=[{"role": "user", "content": "什么是量子计算？"}])
+    assert rewrite_request(short, "chat", RewritePolicy()).expected_language == "zh"
+
+
+def test_client_language_wins_and_config_beats_the_request() -> None:
+    body = chat(messages=[{"role": "user", "content": ASK_FRENCH}])
+    rw = rewrite_request(body, "chat", RewritePolicy(language="auto"), language="de")
+    assert (rw.expected_language, rw.injected_language, rw.expectation.reason) == (
+        "de",
+        "de",
+        "header",
+    )
+    none = rewrite_request(body, "chat", RewritePolicy(language="auto"), language="none")
+    assert (none.expected_language, none.injected_language) == (None, None)
+    pinned = rewrite_request(body, "chat", RewritePolicy(language="it"))
+    assert (pinned.expected_language, pinned.expectation.source) == ("it", "config")
+    assert (
+        rewrite_request(body, "chat", RewritePolicy(expect_language="off")).expected_language
+        is None
+    )

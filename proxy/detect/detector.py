@@ -49,7 +49,9 @@ class Detector:
     holds when the caller knows it (else 1 per call); ``logprobs`` is the OpenAI
     ``logprobs.content`` list of the delta when the upstream returned logprobs.
     ``expected_language`` is an ISO 639-1 code when the request carried a language constraint;
-    ``structured`` marks JSON output (``response_format``), where repetition is expected.
+    ``structured`` marks JSON output (``response_format``), where repetition is expected;
+    ``language_source`` says where the expected language came from (reported with a
+    language-drift verdict).
     """
 
     def __init__(
@@ -58,11 +60,14 @@ class Detector:
         *,
         expected_language: str | None = None,
         structured: bool = False,
+        language_source: str | None = None,
     ) -> None:
         self.config = config or DetectorConfig()
         # "pt-BR", "zh_Hans" -> "pt", "zh": fastText answers with the bare ISO 639-1 code.
         code = (expected_language or "").replace("_", "-").split("-")[0].strip().lower()
         self.expected_language = code or None
+        #: Where the expectation came from, reported with a language-drift verdict.
+        self.language_source = language_source
         self.structured = structured
         cfg = self.config
         self._step = max(16, cfg.check_every_chars)
@@ -182,7 +187,13 @@ class Detector:
 
     def _fire(self, signal: str, score: float, onset: int) -> Verdict:
         onset = max(0, min(onset, self._chars))
-        self._verdict = Verdict(signal, float(score), self._chars, self._tokens, onset)
+        if signal == "language-drift":
+            self._verdict = Verdict(
+                signal, float(score), self._chars, self._tokens, onset,
+                expected_language=self.expected_language, language_source=self.language_source,
+            )  # fmt: skip
+        else:
+            self._verdict = Verdict(signal, float(score), self._chars, self._tokens, onset)
         return self._verdict
 
     def _append(self, final: bool) -> str:

@@ -195,6 +195,10 @@ class Verdict:
     fired_at_token: int
     onset_char: int
     channel: str = "content"
+    #: For a language-drift verdict: the language the answer was judged against and where
+    #: that expectation came from (``request``, ``prompt``, ``config`` or ``none``).
+    expected_language: str | None = None
+    language_source: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

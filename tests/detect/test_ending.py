@@ -167,10 +167,13 @@ def test_a_quotation_that_ends_a_sentence_stays_in_its_unit() -> None:
     assert [u.code for u in units] == ["pl", "en"]
 
 
-def test_an_english_prompt_sets_no_expectation() -> None:
-    """ "Write it in Italian" is an English prompt whose healthy answer is Italian: models drift
-    into English, not out of it, so an English prompt expects nothing."""
+def test_an_english_prompt_expects_what_it_asks_for_and_nothing_else() -> None:
+    """ "Write it in Italian" is an English prompt whose healthy answer is Italian: the request
+    sets the expectation. Without one, models drift into English, not out of it, so an English
+    prompt expects nothing."""
     body = chat("Write a 75-paragraph story in Italian, numbering each paragraph")
+    assert rewrite_request(body, "chat", RewritePolicy()).expected_language == "it"
+    body = chat("Write a 75-paragraph story about the sea, numbering each paragraph")
     assert rewrite_request(body, "chat", RewritePolicy()).expected_language is None
 
 
