@@ -202,3 +202,12 @@ def sdk() -> Iterator[Clients]:
     yield clients
     for client in clients.made:
         client.close()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under tests/e2e needs a real engine: it is marked ``e2e`` whether or not its
+    module says so, so the default run (``-m 'not e2e ...'``) never starts an engine."""
+    for item in items:
+        if "e2e" in item.path.parts and item.get_closest_marker("e2e") is None:
+            item.add_marker(pytest.mark.e2e)

@@ -21,6 +21,8 @@ import pytest
 from tests.e2e.client_readers import READERS, Seen, openai_chat
 from tests.e2e.support import ProxyFactory, Server, record_figure
 
+pytestmark = pytest.mark.e2e
+
 pytestmark = [
     pytest.mark.e2e,
     # Several client libraries leave their HTTP connections to the garbage collector.

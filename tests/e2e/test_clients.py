@@ -24,6 +24,8 @@ from proxy.engine_context import ContextError, context_error
 from tests.e2e.clients import CLIENTS, QUESTION, outcome
 from tests.e2e.support import ProxyFactory, Server, record_figure
 
+pytestmark = pytest.mark.e2e
+
 pytestmark = [
     pytest.mark.e2e,
     # Client libraries keep connection pools of their own (litellm, langchain-openai cache

@@ -26,6 +26,8 @@ import pytest
 from tests.e2e.conftest import _engine
 from tests.e2e.support import ProxyFactory, Server, sample_value
 
+pytestmark = pytest.mark.e2e
+
 THINK = "Here is my thought process:\n"
 ANSWER = "\nHere is my response:\n"
 SYSTEM = "Du denkst immer zuerst nach und gibst dann eine kurze Antwort auf Deutsch."
