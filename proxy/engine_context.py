@@ -45,6 +45,11 @@ RETRY_AFTER = 60.0
 LOOKUP_TIMEOUT = 2.0
 
 
+#: The proxy's own look-ups name themselves, so an engine's access log (and a test engine) can
+#: tell them from the clients' requests.
+LOOKUP_USER_AGENT = "coherence-guard (model context look-up)"
+
+
 def model_contexts(body: bytes) -> dict[str, int]:
     """``{id: max_model_len}`` of the entries of a ``/v1/models`` answer that list one."""
     try:
@@ -172,7 +177,8 @@ class EngineContexts:
         self._pending = asyncio.get_running_loop().create_future()
         try:
             url = upstream_url.rstrip("/") + "/v1/models"
-            resp = await client.get(url, headers=dict(headers), timeout=LOOKUP_TIMEOUT)
+            asked = {**headers, "user-agent": LOOKUP_USER_AGENT}
+            resp = await client.get(url, headers=asked, timeout=LOOKUP_TIMEOUT)
             if resp.status_code == 200:
                 self.update(model_contexts(resp.content))
         except httpx.HTTPError as exc:

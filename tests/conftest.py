@@ -24,6 +24,7 @@ import pytest
 import uvicorn
 
 from proxy.app import create_app
+from proxy.engine_context import LOOKUP_USER_AGENT
 from proxy.metrics import Metrics
 from proxy.settings import load_settings
 from tests.fakes.vllm import FakeVLLM, Script
@@ -156,7 +157,8 @@ class CannedEngine:
                 if not part:
                     return
                 body += part
-            self.heads.append(head)
+            if LOOKUP_USER_AGENT.encode() not in head:  # the proxy's own /v1/models look-up
+                self.heads.append(head)
             conn.sendall(self.response)
 
     def close(self) -> None:

@@ -119,4 +119,4 @@ def test_upstream_url_given_with_v1_suffix(
     )
     assert r.status_code == 200
     assert httpx.get(base + "/v1/models").status_code == 200
-    assert [r.path for r in fake_upstream.requests] == ["/v1/chat/completions", "/v1/models"]
+    assert [r.path for r in fake_upstream.client_requests] == ["/v1/chat/completions", "/v1/models"]

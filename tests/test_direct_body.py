@@ -153,14 +153,15 @@ def test_a_client_that_stops_reading_gets_every_byte_in_order(
     the client reads again it gets the whole answer, in order, exactly once."""
     counted = Counted(monkeypatch)
     words = " ".join(HEALTHY).split()
-    text = " ".join(words[i % len(words)] for i in range(20_000))  # ~4 MB of events
+    # ~12 MB of events: more than the kernel's largest send buffer (tcp_wmem, often 4 MiB) can take
+    text = " ".join(words[i % len(words)] for i in range(60_000))
     fake_upstream.script = Script(texts=[text])
     expected = httpx.post(
-        fake_upstream.url + "/v1/chat/completions", json=chat(max_tokens=20_000)
+        fake_upstream.url + "/v1/chat/completions", json=chat(max_tokens=60_000)
     ).content
     assert len(expected) > 3_000_000
     base = servers(mode="monitor", max_tokens_cap=100_000, default_max_tokens=100_000)
-    payload = json.dumps(chat(max_tokens=20_000)).encode()
+    payload = json.dumps(chat(max_tokens=60_000)).encode()
     host, port = base.removeprefix("http://").split(":")
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

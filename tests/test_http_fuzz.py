@@ -199,7 +199,7 @@ def test_any_request_gets_one_well_formed_answer_and_leaks_nothing(
     envelope, and every upstream generation it started is over when the answer is."""
     port, fake = fuzz_proxy
     data, path = req
-    before = len(fake.requests)
+    before = len(fake.client_requests)
     resp = _exchange(port, data)
     location = dict(resp.headers).get(b"location", b"")
     assert f":{fake.port}".encode() not in location, "the engine's address reached the client"
@@ -213,7 +213,7 @@ def test_any_request_gets_one_well_formed_answer_and_leaks_nothing(
             assert isinstance(payload["error"].get("message"), str)
     if resp.status == 200 and ctype.startswith(b"text/event-stream"):
         assert bytes(resp.body).endswith(b"data: [DONE]\n\n")
-    started = fake.requests[before:]
+    started = fake.client_requests[before:]
     if path in GUARDED_SPELLINGS and data.startswith(b"POST"):
         # Every spelling of a guarded route is guarded: what reaches the engine is the canonical
         # route with the proxy's rewriting applied (a max_tokens limit is always set).

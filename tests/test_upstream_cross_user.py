@@ -92,8 +92,8 @@ def test_expect_is_never_forwarded_upstream_on_any_route(
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     assert httpx.post(base + "/v1/chat/completions", json=body, headers=headers).status_code == 200
     httpx.post(base + "/v1/embeddings", json={"input": "x"}, headers=headers)
-    assert len(fake_upstream.requests) == 2
-    for rec in fake_upstream.requests:
+    assert len(fake_upstream.client_requests) == 2
+    for rec in fake_upstream.client_requests:
         for name in ("expect", "te", "x-private", "keep-alive"):
             assert name not in rec.headers, (rec.path, name)
         assert rec.headers["x-kept"] == "yes"

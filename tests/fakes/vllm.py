@@ -31,6 +31,8 @@ from typing import Any
 
 import orjson
 
+from proxy.engine_context import LOOKUP_USER_AGENT
+
 _TOKEN = re.compile(r"\s*\S+|\s+")
 
 
@@ -179,6 +181,12 @@ class FakeVLLM:
     @property
     def last(self) -> Recorded:
         return self.requests[-1]
+
+    @property
+    def client_requests(self) -> list[Recorded]:
+        """What clients sent through the proxy: every request but the proxy's own ``/v1/models``
+        look-ups of the models' contexts."""
+        return [r for r in self.requests if r.headers.get("user-agent") != LOOKUP_USER_AGENT]
 
     def guarded_requests(self) -> list[Recorded]:
         return [r for r in self.requests if r.path.split("?")[0] in SURFACE_PATHS]
