@@ -57,7 +57,9 @@ def test_heal_through_chat_answers_what_the_native_routes_answer(
     assert native.output_text
     assert final.output_text == native.output_text
     assert final.status == native.status
-    assert kinds[0] == "response.created" and kinds[-1] == f"response.{native.status}"
+    # vLLM ends a streamed response with response.completed whatever its status (a length stop
+    # is status "incomplete" inside it), and so does the proxy: the status is compared above
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
     assert final.usage is not None and native.usage is not None
     assert final.usage.input_tokens == native.usage.input_tokens
     assert final.usage.output_tokens == native.usage.output_tokens
