@@ -293,7 +293,9 @@ def test_from_prometheus_reads_the_proxys_histograms(
 
     binary = require("prometheus", "apt-get install -y --no-install-recommends prometheus")
     metrics = Metrics()
-    base = proxy_server(metrics=metrics)
+    # The same looping request is sent twice per round: retry memory would answer the
+    # second one in heal mode (a different abort position), which is not under test here.
+    base = proxy_server(metrics=metrics, retry_after_abort="off")
     port = free_port()
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
