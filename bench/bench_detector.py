@@ -21,8 +21,8 @@ import tracemalloc
 from collections import deque
 from pathlib import Path
 
+from proxy.cli.score import split_deltas
 from proxy.detect import Detector, DetectorConfig
-from proxy.scoring import split_deltas
 
 _DEFAULT = Path(__file__).resolve().parent.parent / "tests" / "data" / "detect" / "sample.jsonl"
 

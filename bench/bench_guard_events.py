@@ -1,8 +1,8 @@
 """CPU per SSE event inside the guard itself, with no sockets and no event loop.
 
 The relay benchmark (``bench_relay.py``, the shared kit) measures the whole proxy process; this
-one isolates what :class:`proxy.relay.StreamGuard` and the detector cost per event, so the share
-of the event-loop wake-up, the upstream read and the client write can be told apart from the
+one isolates what :class:`proxy.core.guard.StreamGuard` and the detector cost per event, so the
+share of the event-loop wake-up, the upstream read and the client write can be told apart from the
 guard's own work. N guards are fed round-robin, one upstream read per event (as when every token
 arrives alone), from real healthy texts in vLLM's wire format (``tests/fakes/vllm.py`` builds the
 events, with the continuous usage the proxy asks for in ``enforce``).
@@ -42,10 +42,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from proxy.core.guard import GuardPolicy, StreamGuard  # noqa: E402
+from proxy.core.records import GenerationRecord  # noqa: E402
 from proxy.detect import Detector, DetectorConfig, Summary  # noqa: E402
-from proxy.metrics import Metrics  # noqa: E402
-from proxy.records import GenerationRecord  # noqa: E402
-from proxy.relay import GuardPolicy, StreamGuard  # noqa: E402
+from proxy.observability.metrics import Metrics  # noqa: E402
 from tests.fakes.vllm import FakeVLLM, Script, tokenize  # noqa: E402
 
 MAX_TOKENS = 128

@@ -25,7 +25,7 @@ import time
 
 import httpx
 
-from proxy.app import create_app
+from proxy.server.app import create_app
 from proxy.settings import load_settings
 from tests.conftest import ProxyServer
 from tests.fakes.vllm import FakeVLLM, Script

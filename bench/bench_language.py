@@ -19,13 +19,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from proxy.language import strip_noise
+from proxy.detect.language import strip_noise
 
 Identify = Callable[[str], str | None]
 
 
 def _fasttext() -> Identify:
-    from proxy.language import classify
+    from proxy.detect.language import classify
 
     def identify(text: str) -> str | None:
         found = classify(text)

@@ -33,7 +33,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from proxy.scoring import score_text  # noqa: E402
+from proxy.cli.score import score_text  # noqa: E402
 
 LOOP_SIGNALS = {"repetition", "token-flood", "near-repetition", "compression", "low-diversity"}
 

@@ -3,8 +3,9 @@ one-event-per-read path.
 
     python bench/bench_sse.py [--sizes 1,4,6] [--read 1024] [--baseline FILE]
 
-``--baseline`` loads another ``sse.py`` (e.g. ``git show <rev>:proxy/sse.py > /tmp/old_sse.py``)
-and times it on the same input, so the two parsers are compared on the same machine.
+``--baseline`` loads another ``sse.py`` (e.g. ``git show <rev>:proxy/core/sse.py >
+/tmp/old_sse.py``) and times it on the same input, so the two parsers are compared on the same
+machine.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from proxy.sse import SSEParser
+from proxy.core.sse import SSEParser
 
 
 def big_event(mib: int, read: int, parser: Any) -> float:

@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from proxy.core.guard import GuardPolicy, StreamGuard  # noqa: E402
+from proxy.core.records import Endpoint  # noqa: E402
 from proxy.detect import Detector, DetectorConfig, Summary  # noqa: E402
-from proxy.records import Endpoint  # noqa: E402
-from proxy.relay import GuardPolicy, StreamGuard  # noqa: E402
 from tests.fakes.vllm import (  # noqa: E402
     FakeVLLM,
     Script,

@@ -31,8 +31,8 @@ from typing import Any
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # after PYTHONPATH: it picks `proxy`
 
+from proxy.core.guard import GuardPolicy, StreamGuard
 from proxy.detect import Detector
-from proxy.relay import GuardPolicy, StreamGuard
 from tests.reasoning_streams import SURFACES, build
 
 LANGUAGES = ("de", "fr", "es", "ru", "zh")

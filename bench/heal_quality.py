@@ -45,8 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from proxy.detect import Detector  # noqa: E402
+from proxy.detect.language import identify_language  # noqa: E402
 from proxy.detect.salad import lexicon, prose_words  # noqa: E402
-from proxy.language import identify_language  # noqa: E402
 
 LANGUAGES = {
     "English": "en",

@@ -41,11 +41,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, os.environ.get("MEASURE_PROXY_ROOT", str(ROOT)))
 
+from proxy.cli.score import split_deltas  # noqa: E402
+from proxy.core.rewrite import RewritePolicy, rewrite_request  # noqa: E402
 from proxy.detect import Detector  # noqa: E402
 from proxy.detect.drift import source_like  # noqa: E402
-from proxy.language import strip_noise  # noqa: E402
-from proxy.rewrite import RewritePolicy, rewrite_request  # noqa: E402
-from proxy.scoring import split_deltas  # noqa: E402
+from proxy.detect.language import strip_noise  # noqa: E402
 
 # Questions of our own, two to three per language, short ones included.
 QUESTIONS: dict[str, list[str]] = {

@@ -16,11 +16,11 @@
             └── DeadlineExceeded    the request ran past                timeout_error
                                     GUARD_REQUEST_DEADLINE
 
-Which envelope a client gets depends on the route it called (:func:`proxy.paths.error_format`):
-an Anthropic SDK on ``/v1/messages`` only maps errors to its exception classes and reads their
-message from Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}`` (the
-types are the ones Anthropic documents and its SDK's ``ErrorType`` lists); every other route
-speaks OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
+Which envelope a client gets depends on the route it called
+(:func:`proxy.server.paths.error_format`): an Anthropic SDK on ``/v1/messages`` only maps errors to
+its exception classes and reads their message from Anthropic's shape, ``{"type": "error", "error":
+{"type", "message"}}`` (the types are the ones Anthropic documents and its SDK's ``ErrorType``
+lists); every other route speaks OpenAI's ``{"error": {"message", "type", "param", "code"}}``.
 
     UpstreamFailure                 an UpstreamError plus its metrics label, raised by the upstream
                                     clients and the SSE parser (an event over the size cap)

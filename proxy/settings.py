@@ -152,7 +152,7 @@ def check_language(value: str) -> str:
 
 class Settings(BaseSettings):
     """Every ``GUARD_*`` setting of the proxy (meanings: ``SETTINGS_HELP`` in
-    :mod:`proxy.explain`, shown by ``coherence-guard config --explain``)."""
+    :mod:`proxy.cli.explain`, shown by ``coherence-guard config --explain``)."""
 
     model_config = _ENV
 
@@ -354,7 +354,7 @@ class Settings(BaseSettings):
                 "GUARD_UPSTREAM_CA_BUNDLE is set but GUARD_UPSTREAM_TLS_VERIFY=false turns "
                 "verification off: drop one of them"
             )
-        # Override keys are accepted as API keys too (proxy/middleware.py): no subset check.
+        # Override keys are accepted as API keys too (proxy/server/middleware.py): no subset check.
         if self.override_api_keys and not self.allow_client_override:
             problems.append(
                 "GUARD_OVERRIDE_API_KEYS is set but GUARD_ALLOW_CLIENT_OVERRIDE=false: no client "

@@ -8,7 +8,7 @@ committed files differ from what this script writes.
     python scripts/env_example.py           # rewrite .env.example and docs/configuration.md
     python scripts/env_example.py --check   # exit 1 if either is out of date
 
-Meanings come from :mod:`proxy.explain` (``SETTINGS_HELP`` and the detector's comments), which
+Meanings come from :mod:`proxy.cli.explain` (``SETTINGS_HELP`` and the detector's comments), which
 ``coherence-guard config --explain`` prints too. A field with no meaning at all is an error:
 every knob an operator can turn gets a line of explanation.
 """
@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from proxy.detect import DetectorConfig  # noqa: E402
-from proxy.explain import SETTINGS_HELP, comment_blocks  # noqa: E402
+from proxy.cli.explain import SETTINGS_HELP, comment_blocks  # noqa: E402
 from proxy.settings import Settings  # noqa: E402
 
 ENV_EXAMPLE = ROOT / ".env.example"

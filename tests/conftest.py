@@ -23,9 +23,9 @@ import openai
 import pytest
 import uvicorn
 
-from proxy.app import create_app
-from proxy.engine_context import LOOKUP_USER_AGENT
-from proxy.metrics import Metrics
+from proxy.observability.metrics import Metrics
+from proxy.server.app import create_app
+from proxy.server.engine_context import LOOKUP_USER_AGENT
 from proxy.settings import load_settings
 from tests.fakes.vllm import FakeVLLM, Script
 

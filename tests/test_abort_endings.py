@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.core.guard import GuardPolicy, StreamGuard
 from proxy.detect import Detector
-from proxy.relay import GuardPolicy, StreamGuard
 
 DATA = Path(__file__).parent / "data" / "early_stop"
 STREAMS = Path(__file__).parent / "streams"

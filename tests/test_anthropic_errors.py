@@ -24,7 +24,7 @@ from proxy.errors import (
     UpstreamTimeout,
     anthropic_error_object,
 )
-from proxy.paths import error_format
+from proxy.server.paths import error_format
 from tests.fakes.vllm import FakeVLLM, Script
 
 ProxyFactory = Callable[..., str]

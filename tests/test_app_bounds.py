@@ -16,10 +16,10 @@ import httpx
 import orjson
 import pytest
 
-from proxy.app import create_app
-from proxy.bounds import Bounds, Watch
 from proxy.detect import DetectorConfig
-from proxy.metrics import Metrics
+from proxy.observability.metrics import Metrics
+from proxy.server.app import create_app
+from proxy.server.bounds import Bounds, Watch
 from proxy.settings import load_settings
 from tests.conftest import ProxyServer
 from tests.fakes.vllm import FakeVLLM, Script

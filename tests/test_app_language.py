@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.metrics import Metrics
+from proxy.observability.metrics import Metrics
 from tests.fakes.vllm import FakeVLLM, Script
 
 ProxyFactory = Callable[..., str]

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import httpx
 import openai
 
-from proxy.metrics import Metrics
+from proxy.observability.metrics import Metrics
 from tests.fakes.vllm import FakeVLLM, Script
 
 ProxyFactory = Callable[..., str]

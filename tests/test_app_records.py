@@ -8,8 +8,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from proxy.metrics import Metrics
-from proxy.records import GenerationRecord
+from proxy.core.records import GenerationRecord
+from proxy.observability.metrics import Metrics
 from tests.fakes.vllm import FakeVLLM, Script
 
 ProxyFactory = Callable[..., str]

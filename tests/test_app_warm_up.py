@@ -9,8 +9,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from proxy.app import _salad_languages
 from proxy.detect.salad import SALAD_LANGUAGES, lexicon
+from proxy.server.app import _salad_languages
 from proxy.settings import load_settings
 
 

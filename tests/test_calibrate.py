@@ -22,10 +22,10 @@ import pytest
 import yaml
 from openai import OpenAI
 
-from proxy import calibrate
-from proxy.calibrate_prompts import LANGUAGES, PROMPTS, TASKS
 from proxy.cli import main
-from proxy.metrics import Metrics
+from proxy.cli.calibrate import run as calibrate
+from proxy.cli.calibrate.prompts import LANGUAGES, PROMPTS, TASKS
+from proxy.observability.metrics import Metrics
 from tests.fakes.vllm import FakeVLLM, Recorded, Script
 from tests.net import free_port
 
@@ -410,7 +410,7 @@ def test_no_cap_is_recommended_when_every_cap_below_the_loops_cuts_healthy_answe
     """Loops that begin early while healthy answers run long (SmolLM2: loops from token ~60,
     answers of 200-600 tokens): a cap below the loops would cut most healthy answers. Then no
     cap is recommended, and the reason says so and what to use instead."""
-    from proxy.calibrate_report import render_env, summarize
+    from proxy.cli.calibrate.report import render_env, summarize
 
     def record(tokens: int, at: int | None, penalty: float) -> dict[str, Any]:
         return {

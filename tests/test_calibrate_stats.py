@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.calibrate_stats import (
+from proxy.cli.calibrate.stats import (
     Observation,
     Setting,
     best_setting,

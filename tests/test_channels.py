@@ -1,4 +1,4 @@
-"""Channels judged in their own registers (proxy/channels.py), on the engine's own reasoning
+"""Channels judged in their own registers (proxy/core/channels.py), on the engine's own reasoning
 framing: streams recorded from vLLM's reasoning parser (tests/streams/reasoning/) with real
 thinking and answer texts spliced in (tests/reasoning_streams.py).
 
@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from proxy import channels
-from proxy.channels import SideChannels
+from proxy.core import channels
+from proxy.core.channels import SideChannels
+from proxy.core.guard import GuardPolicy, StreamGuard
+from proxy.core.heal import HealGuard, HealPolicy
+from proxy.core.records import GenerationRecord
 from proxy.detect import Detector, DetectorConfig, Verdict
-from proxy.heal import HealGuard, HealPolicy
-from proxy.metrics import Metrics
-from proxy.records import GenerationRecord
-from proxy.relay import GuardPolicy, StreamGuard
+from proxy.observability.metrics import Metrics
 from tests.exposition_server import parse, value
 from tests.reasoning_streams import SURFACES, build, loop, texts
 

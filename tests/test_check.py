@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from proxy.check import _sse_data
 from proxy.cli import main
+from proxy.cli.check import _sse_data
 from tests.fakes.vllm import FakeVLLM, Script
 
 FACTUAL = "The capital of France is Paris."

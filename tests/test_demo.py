@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy import demo
-from proxy.calibrate_stream import Answer
-from proxy.cli import main
+from proxy.cli import demo, main
+from proxy.cli.calibrate.stream import Answer
 
 
 def _row(prompt: str, engine: Answer, guard: Answer) -> demo.Row:
@@ -189,9 +188,9 @@ def test_an_engine_that_cannot_load_its_model_fails_with_its_log(tmp_path: Path)
 
 
 def test_the_engine_child_is_a_module_entry_point() -> None:
-    """``python -m proxy.demo --engine`` is the engine child; it insists on a model."""
+    """``python -m proxy.cli.demo --engine`` is the engine child; it insists on a model."""
     done = subprocess.run(
-        [sys.executable, "-m", "proxy.demo", "--engine", "--port", "1"],
+        [sys.executable, "-m", "proxy.cli.demo", "--engine", "--port", "1"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 2 and "--model" in done.stderr

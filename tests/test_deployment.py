@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
+from proxy.core.records import ChoiceRecord, GenerationRecord
 from proxy.detect import Summary, Verdict
-from proxy.metrics import Metrics
-from proxy.records import ChoiceRecord, GenerationRecord
+from proxy.observability.metrics import Metrics
 from tests.deploy_tools import (
     ALERTS_YML,
     COMPOSE,

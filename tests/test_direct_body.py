@@ -1,6 +1,6 @@
-"""Relayed chunks written straight onto uvicorn's transport (``proxy.asgi.DirectBody``) against
-the ASGI ``send`` they replace: the same bytes on every route and mode, the fallback wherever
-the shortcut does not apply (a middleware wrapping ``send``, uvicorn's h11 protocol),
+"""Relayed chunks written straight onto uvicorn's transport (``proxy.server.asgi.DirectBody``)
+against the ASGI ``send`` they replace: the same bytes on every route and mode, the fallback
+wherever the shortcut does not apply (a middleware wrapping ``send``, uvicorn's h11 protocol),
 a client that stops reading, and a guard that fails inside the connection's callback.
 
 All under real uvicorn, against the fake engine on a real socket."""
@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy import asgi
-from proxy.app import create_app
-from proxy.relay import StreamGuard
+from proxy.core.guard import StreamGuard
+from proxy.server import asgi
+from proxy.server.app import create_app
 from proxy.settings import load_settings
 from tests.conftest import ProxyServer
 from tests.fakes.vllm import FakeVLLM, Script

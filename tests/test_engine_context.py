@@ -14,16 +14,16 @@ import httpx
 import orjson
 import pytest
 
-from proxy.engine_context import (
+from proxy.core.rewrite import RewritePolicy, rewrite_request
+from proxy.core.surfaces import via_chat
+from proxy.observability.metrics import Metrics
+from proxy.server.engine_context import (
     RETRY_AFTER,
     ContextError,
     EngineContexts,
     context_error,
     model_contexts,
 )
-from proxy.metrics import Metrics
-from proxy.rewrite import RewritePolicy, rewrite_request
-from proxy.surfaces import via_chat
 from tests.fakes.vllm import FakeVLLM, Script
 
 ProxyFactory = Callable[..., str]

@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from proxy.detect import Detector
-from proxy.heal import (
+from proxy.core.guard import GuardPolicy
+from proxy.core.heal import (
     REPETITION_DETECTION,
     HealGuard,
     HealPolicy,
@@ -28,8 +28,8 @@ from proxy.heal import (
     unhealable,
     word_boundary,
 )
-from proxy.metrics import Metrics
-from proxy.relay import GuardPolicy
+from proxy.detect import Detector
+from proxy.observability.metrics import Metrics
 from tests.conftest import Clients
 from tests.fakes.vllm import FakeVLLM, Script, tokenize
 

@@ -14,10 +14,10 @@ import openai
 import pytest
 from pydantic import BaseModel
 
+from proxy.core.heal import HealPolicy, constrained, continuation_request, unhealable, valid_json
 from proxy.detect import Detector
 from proxy.detect.salad import SALAD_LANGUAGES, lexicon
-from proxy.heal import HealPolicy, constrained, continuation_request, unhealable, valid_json
-from proxy.metrics import Metrics
+from proxy.observability.metrics import Metrics
 from tests.conftest import Clients
 from tests.fakes.vllm import FakeVLLM, Script
 from tests.test_heal import (

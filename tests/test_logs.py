@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from proxy import context
-from proxy.logs import JsonFormatter, TextFormatter, configure_logging, logging_config
+from proxy.observability import context
+from proxy.observability.logs import JsonFormatter, TextFormatter, configure_logging, logging_config
 from proxy.settings import Settings, load_settings
 
 
@@ -125,14 +125,14 @@ def test_configure_logging_routes_every_logger_through_one_format(
     monkeypatch.setattr(sys, "stderr", stream)
     configure_logging(_settings(log_format="json", log_level="info", access_log=True))
     logging.getLogger("coherence_guard").info("verdict", extra={"signal": "repetition"})
-    logging.getLogger("proxy.vllm_config").warning("engine down")
+    logging.getLogger("proxy.server.engine_watch").warning("engine down")
     logging.getLogger("uvicorn.error").info("Started")
     logging.getLogger("uvicorn.access").info('%s - "%s %s HTTP/%s" %d', "c", "GET", "/", "1.1", 200)
     logging.getLogger("httpx").info("HTTP Request: GET http://engine/health")  # below WARNING
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [x["logger"] for x in lines] == [
         "coherence_guard",
-        "proxy.vllm_config",
+        "proxy.server.engine_watch",
         "uvicorn",
         "uvicorn.access",
     ]

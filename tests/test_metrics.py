@@ -17,9 +17,9 @@ import httpx
 import pytest
 from prometheus_client import Counter, Histogram
 
+from proxy.core.records import ChoiceRecord, GenerationRecord
 from proxy.detect import SIGNALS, Summary, Verdict
-from proxy.metrics import OTHER, CappedLabel, Metrics, prepare_multiprocess
-from proxy.records import ChoiceRecord, GenerationRecord
+from proxy.observability.metrics import OTHER, CappedLabel, Metrics, prepare_multiprocess
 from tests.exposition_server import families, parse, value
 from tests.fakes.vllm import FakeVLLM, Script
 from tests.net import free_port, wait_healthy
@@ -401,8 +401,8 @@ def test_from_settings_uses_cap_and_configured_models() -> None:
 _WORKER = textwrap.dedent(
     """
     import sys
-    from proxy.metrics import Metrics, multiprocess_enabled
-    from proxy.records import GenerationRecord
+    from proxy.observability.metrics import Metrics, multiprocess_enabled
+    from proxy.core.records import GenerationRecord
     assert multiprocess_enabled()
     m = Metrics()
     for _ in range(int(sys.argv[1])):

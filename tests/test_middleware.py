@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy import context
-from proxy.app import create_app
-from proxy.asgi import Message, Receive, Scope, Send
+from proxy.observability import context
+from proxy.server.app import create_app
+from proxy.server.asgi import Message, Receive, Scope, Send
 from proxy.settings import ConfigError, load_settings
 from tests.conftest import ProxyServer
 from tests.exposition_server import serve_exposition

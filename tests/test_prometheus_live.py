@@ -35,7 +35,7 @@ import pytest
 import yaml
 from openai import OpenAI
 
-from proxy.metrics import Metrics
+from proxy.observability.metrics import Metrics
 from tests.deploy_tools import (
     ALERTS_YML,
     PROMETHEUS_YML,

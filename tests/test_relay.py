@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.core.guard import GuardPolicy, StreamGuard
 from proxy.detect import Detector
-from proxy.relay import GuardPolicy, StreamGuard
 from tests.fakes.vllm import FakeVLLM, Script
 
 STREAMS = sorted((Path(__file__).parent / "streams").glob("*.sse"))

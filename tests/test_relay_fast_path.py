@@ -15,9 +15,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from proxy import chunks
+from proxy.core import chunks
+from proxy.core.guard import GuardPolicy, StreamGuard
 from proxy.detect import Detector
-from proxy.relay import GuardPolicy, StreamGuard
 from tests.fakes.vllm import FakeVLLM, Script
 
 CORPUS = [

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy import chunks
+from proxy.core import chunks
+from proxy.core.guard import GuardPolicy, StreamGuard
+from proxy.core.rewrite import RewritePolicy, rewrite_request
 from proxy.detect import Detector, Verdict
-from proxy.relay import GuardPolicy, StreamGuard
-from proxy.rewrite import RewritePolicy, rewrite_request
 from tests.fakes.vllm import FakeVLLM, Script
 
 TEXT = 'A {brace} and a "quote" \\ back, naïve 🙂\u2028, then plain words to end the answer.'

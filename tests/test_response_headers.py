@@ -9,7 +9,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from proxy.asgi import response_headers
+from proxy.server.asgi import response_headers
 from tests.conftest import CannedEngine
 
 ProxyFactory = Callable[..., str]

@@ -9,7 +9,7 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.retries import AbortMemory, defended, request_key, retry_keys
+from proxy.core.retries import AbortMemory, defended, request_key, retry_keys
 from tests.conftest import Clients
 from tests.fakes.vllm import FakeVLLM, Script
 

@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from proxy.errors import BadRequest
-from proxy.records import Endpoint
-from proxy.rewrite import (
+from proxy.core.records import Endpoint
+from proxy.core.rewrite import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     RewritePolicy,
     language_instruction,
     rewrite_request,
 )
+from proxy.errors import BadRequest
 
 POLICY = RewritePolicy(max_tokens_default=8192, max_tokens_cap=16384)
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.paths import (
+from proxy.server.paths import (
     GUARDED,
     UNGUARDED_GENERATING,
     PathError,

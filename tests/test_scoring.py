@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.scoring import split_deltas
+from proxy.cli.score import split_deltas
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "tests" / "data" / "detect" / "sample.jsonl"
@@ -17,7 +17,7 @@ SAMPLE = ROOT / "tests" / "data" / "detect" / "sample.jsonl"
 
 def _score(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "proxy.scoring", *args],
+        [sys.executable, "-m", "proxy.cli.score", *args],
         input=stdin,
         capture_output=True,
         text=True,
@@ -99,7 +99,7 @@ def test_missing_file_and_bad_config(tmp_path: Path) -> None:
     result = _score(str(tmp_path / "absent.jsonl"))
     assert result.returncode == 2 and "cannot read" in result.stderr
     env_result = subprocess.run(
-        [sys.executable, "-m", "proxy.scoring", str(SAMPLE)],
+        [sys.executable, "-m", "proxy.cli.score", str(SAMPLE)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -139,8 +139,8 @@ def _token_row(text_tokens: list[str], logprob: float, **extra: object) -> dict[
 def test_rows_with_engine_tokens_are_fed_as_those_tokens_with_their_logprobs() -> None:
     """The entropy signal only fires on logprobs: a certain (logprob 0) loop fed as the engine's
     tokens reaches it, the same text fed as words does not carry any."""
+    from proxy.cli.score import score_rows, token_stream
     from proxy.detect import DetectorConfig
-    from proxy.scoring import score_rows, token_stream
 
     tokens = [" the", " same", " words"] * 200
     row = _token_row(tokens, 0.0)
@@ -158,7 +158,7 @@ def test_rows_with_engine_tokens_are_fed_as_those_tokens_with_their_logprobs() -
 
 
 def test_tokens_that_do_not_spell_the_text_fall_back_to_words() -> None:
-    from proxy.scoring import token_stream
+    from proxy.cli.score import token_stream
 
     assert token_stream({"text": "abc", "tokens": ["a", "b"]}) is None
     assert token_stream({"text": "abc"}) is None
@@ -182,8 +182,8 @@ def test_summary_shows_each_signal_at_three_threshold_settings() -> None:
 
 
 def test_scaled_config_asks_for_more_evidence_above_one() -> None:
+    from proxy.cli.score import scaled_config
     from proxy.detect import DetectorConfig
-    from proxy.scoring import scaled_config
 
     base = DetectorConfig()
     strict = scaled_config(base, 1.25)
@@ -196,7 +196,7 @@ def test_scaled_config_asks_for_more_evidence_above_one() -> None:
 def test_prompt_language_only_ignores_a_documents_lang() -> None:
     """A proxy knows the request's language, never a document's: with the flag, a row's
     ``lang`` is not passed to the detector, its ``prompt_language`` is."""
-    from proxy.scoring import expected_language_of
+    from proxy.cli.score import expected_language_of
 
     doc = {"text": "x", "lang": "pt"}
     asked = {"text": "x", "lang": "pt", "prompt_language": "it"}

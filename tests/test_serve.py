@@ -131,7 +131,7 @@ def test_config_warns_about_a_misspelt_variable(tmp_path: Path) -> None:
 
 
 def test_config_explain_says_what_every_variable_does(tmp_path: Path) -> None:
-    from proxy.explain import meanings
+    from proxy.cli.explain import meanings
 
     out = subprocess.run(
         [*CLI, "config", "--explain"],
@@ -228,7 +228,7 @@ def test_serve_keeps_saying_the_engine_is_down_until_it_answers(
     proc = _serve(["--port", str(port)], tmp_path, GUARD_UPSTREAM_CHECK_INTERVAL="0.3")
     err = _Stderr(proc)
     try:
-        report = err.wait_for(lambda line: "proxy.serve: coherence-guard on" in line)
+        report = err.wait_for(lambda line: "proxy.cli.serve: coherence-guard on" in line)
         assert f"engine http://127.0.0.1:{engine_port}" in report
         down = err.wait_for(lambda line: "does not answer" in line)
         assert "starting anyway: guarded requests get 502" in down and "WARNING" in down
@@ -304,7 +304,7 @@ def test_serve_json_logs_with_access_log_and_no_text_of_the_conversation(
     for rec in records:
         assert {"ts", "level", "logger", "message", "request_id"} <= rec.keys()
     loggers = {rec["logger"] for rec in records}
-    assert {"proxy.serve", "uvicorn", "uvicorn.access", "coherence_guard"} <= loggers
+    assert {"proxy.cli.serve", "uvicorn", "uvicorn.access", "coherence_guard"} <= loggers
     assert any("degenerate generation" in rec["message"] for rec in records)
     text = "\n".join(err.lines)
     assert "zebra-quartz" not in text and "cat sat" not in text
@@ -405,7 +405,7 @@ def test_access_log_asked_for_is_written_at_warning_level(
 
 
 _DEAD_WORKER = """
-from proxy.metrics import Metrics, multiprocess_enabled
+from proxy.observability.metrics import Metrics, multiprocess_enabled
 assert multiprocess_enabled()
 m = Metrics()
 m.stream_opened()

@@ -171,7 +171,7 @@ def test_language_is_normalised(monkeypatch: pytest.MonkeyPatch, value: str, kep
 def test_language_codes_are_the_language_models_own() -> None:
     """The accepted codes are exactly the two-letter labels of the shipped lid.176 model: a
     code it cannot answer with would make every answer look like drift."""
-    from proxy.language import _model
+    from proxy.detect.language import _model
 
     codes: set[str] = set()
     # fastText leaves out labels whose probability underflows: ask with texts in many scripts.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.sse import SSEParser
+from proxy.core.sse import SSEParser
 
 STREAMS = sorted((Path(__file__).parent / "streams").glob("*.sse"))
 

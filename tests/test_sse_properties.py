@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.core.sse import Event, EventTooLarge, SSEParser
 from proxy.errors import UpstreamFailure
-from proxy.sse import Event, EventTooLarge, SSEParser
 
 _EOL = re.compile(rb"\r\n|\r|\n")
 

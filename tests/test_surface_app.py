@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from proxy.metrics import Metrics
-from proxy.records import GenerationRecord
+from proxy.core.records import GenerationRecord
+from proxy.observability.metrics import Metrics
 from tests.conftest import Clients
 from tests.fakes.vllm import FakeVLLM, Script
 

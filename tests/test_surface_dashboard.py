@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from proxy.metrics import ENDPOINTS
-from proxy.records import Endpoint
+from proxy.core.records import Endpoint
+from proxy.observability.metrics import ENDPOINTS
 from tests.deploy_tools import dashboard, panel_queries
 
 

@@ -1,5 +1,5 @@
 """Heal mode on ``/v1/responses`` and ``/v1/messages``, served through the engine's chat route
-(:mod:`proxy.surfaces.via_chat`): the request conversion, the writers (property-tested against
+(:mod:`proxy.core.surfaces.via_chat`): the request conversion, the writers (property-tested against
 arbitrary read boundaries), and the whole path with the official ``openai`` and ``anthropic``
 SDKs against the fake vLLM, which loops on the first request and ends healthily on the
 continuation. The real-engine counterpart is ``tests/e2e/test_heal_vllm.py``."""
@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.metrics import Metrics
-from proxy.rewrite import RewritePolicy, rewrite_request
-from proxy.surfaces import via_chat
+from proxy.core.rewrite import RewritePolicy, rewrite_request
+from proxy.core.surfaces import via_chat
+from proxy.observability.metrics import Metrics
 from tests.conftest import Clients
 from tests.fakes.vllm import FakeVLLM, Script
 from tests.test_heal import ENDING, INTRO, LOOPING, MESSAGES, looping_then_healthy, recorded

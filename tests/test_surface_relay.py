@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.core.guard import GuardPolicy, StreamGuard
 from proxy.detect import Detector
 from proxy.errors import UpstreamError
-from proxy.relay import GuardPolicy, StreamGuard
 from tests.fakes.vllm import Script, messages_events, responses_events
 
 STREAMS = Path(__file__).parent / "streams" / "surfaces"

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from proxy.core.rewrite import RewritePolicy, rewrite_request
 from proxy.errors import BadRequest
-from proxy.rewrite import RewritePolicy, rewrite_request
 
 ITALIAN = "Raccontami qualcosa sulla storia di Roma antica, per favore, con qualche dettaglio."
 

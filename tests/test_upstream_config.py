@@ -8,9 +8,9 @@ import ssl
 import httpx
 import pytest
 
+from proxy.server.upstream import UpstreamConfig, forward_headers, httpx_failure
+from proxy.server.upstream_http import UpstreamClient
 from proxy.settings import load_settings
-from proxy.upstream import UpstreamConfig, forward_headers, httpx_failure
-from proxy.upstream_http import UpstreamClient
 
 
 def test_from_settings_reads_every_upstream_field() -> None:

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from proxy.sse import SSEParser
-from proxy.upstream_http import UpstreamClient
+from proxy.core.sse import SSEParser
+from proxy.server.upstream_http import UpstreamClient
 from tests.servers.engines import AiohttpEngine, UvicornEngine
 
 HEADERS = [(b"content-type", b"application/json")]

@@ -15,8 +15,8 @@ import httpx
 import orjson
 import pytest
 
-from proxy import upstream_http
-from proxy.upstream_http import UpstreamClient, UpstreamFailure
+from proxy.server import upstream_http
+from proxy.server.upstream_http import UpstreamClient, UpstreamFailure
 from tests.servers.raw import RawConn, RawServer, ThreadedRawServer, chunked, response
 
 HEADERS = [(b"content-type", b"application/json")]

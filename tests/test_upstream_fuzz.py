@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.upstream_http import UpstreamClient, UpstreamFailure
+from proxy.server.upstream_http import UpstreamClient, UpstreamFailure
 from tests.servers.raw import RawConn, RawServer, chunked, response
 
 HEADERS = [(b"content-type", b"application/json")]

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
-from proxy.upstream_http import UpstreamClient, UpstreamFailure
+from proxy.server.upstream_http import UpstreamClient, UpstreamFailure
 from tests.fakes.vllm import FakeVLLM, Script
 
 BODY = orjson.dumps({"model": "m", "prompt": "x", "stream": True})

@@ -109,7 +109,7 @@ def test_client_certificate_is_presented_on_every_route(
 
 
 def test_missing_ca_bundle_fails_at_start_up(tmp_path: Path) -> None:
-    from proxy.upstream import UpstreamConfig
+    from proxy.server.upstream import UpstreamConfig
 
     with pytest.raises(OSError):
         UpstreamConfig.create("https://engine:8000", ca_bundle=str(tmp_path / "nope.pem"))

@@ -9,7 +9,7 @@ import httpx
 import orjson
 import pytest
 
-from proxy.usage_options import UsageOptions, names_usage_option
+from proxy.server.usage_options import UsageOptions, names_usage_option
 from tests.fakes.vllm import FakeVLLM, Script
 
 ProxyFactory = Callable[..., str]

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from proxy.metrics import Metrics
-from proxy.vllm_config import parse_cache_dtype, watch_upstream_config
+from proxy.observability.metrics import Metrics
+from proxy.server.engine_watch import parse_cache_dtype, watch_upstream_config
 from tests.exposition_server import fixture, parse, serve_exposition, value
 
 INFO = "guard_upstream_kv_cache_dtype_info"
@@ -47,7 +47,7 @@ async def test_watcher_exports_dtype_and_warns_once_on_fp8(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     metrics = Metrics()
-    caplog.set_level(logging.INFO, logger="proxy.vllm_config")
+    caplog.set_level(logging.INFO, logger="proxy.server.engine_watch")
     with serve_exposition({"/metrics": fixture("vllm.txt")}) as upstream:
         async with httpx.AsyncClient() as client:
             task = asyncio.create_task(

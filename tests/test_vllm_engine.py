@@ -7,9 +7,9 @@ import logging
 import httpx
 import pytest
 
-from proxy.engine_context import EngineContexts
-from proxy.metrics import OTHER, Metrics
-from proxy.vllm_config import (
+from proxy.observability.metrics import OTHER, Metrics
+from proxy.server.engine_context import EngineContexts
+from proxy.server.engine_watch import (
     EngineMonitor,
     EngineStatus,
     describe_models,
@@ -21,7 +21,7 @@ from proxy.vllm_config import (
 from tests.fakes.vllm import FakeVLLM, Script
 from tests.net import free_port
 
-LOGGER = "proxy.vllm_config"
+LOGGER = "proxy.server.engine_watch"
 
 
 def test_model_ids_read_an_openai_model_list() -> None:

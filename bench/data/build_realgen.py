@@ -579,7 +579,7 @@ def review(out_path: Path, sample: int = 30, seed: int = 5) -> None:
     a random sample of lines where they agree."""
     import random
 
-    from proxy.scoring import score_rows
+    from proxy.cli.score import score_rows
 
     results = list(score_rows(_read(out_path)))
     disagree = [r for r in results if r.row["label"] != "unsure"

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from proxy.detect import Detector, DetectorConfig
+from proxy.detect.language import classify, strip_noise
 from proxy.detect.salad import SALAD_LANGUAGES, lexicon, prose_words
-from proxy.language import classify, strip_noise
 
 _WORD = re.compile(r"[^\W\d_]{3,}")
 _LISTS = {"en", "de", "es", "fr", "it", "nl", "pt", "ru"}

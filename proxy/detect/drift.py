@@ -1,10 +1,11 @@
 """Language drift: the stream's language moves away from the expected (or established) one.
 
-Consecutive segments of the text are identified with fastText ``lid.176`` (``proxy.language``)
-after code, URLs, numbers and markup are removed. Drift fires when a segment is confidently in
-another language and foreign text, weighted by confidence, has grown to a share of all the text
-identified so far; old text fades with a half-life, so a long healthy start cannot hide a drift
-for ever, while a quoted English paragraph in a long page never reaches the share.
+Consecutive segments of the text are identified with fastText ``lid.176``
+(``proxy.detect.language``) after code, URLs, numbers and markup are removed. Drift fires when a
+segment is confidently in another language and foreign text, weighted by confidence, has grown to a
+share of all the text identified so far; old text fades with a half-life, so a long healthy start
+cannot hide a drift for ever, while a quoted English paragraph in a long page never reaches the
+share.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ class LanguageDrift:
     def update(self, new: str, *, end: int, fences: int, final: bool) -> tuple[float, int] | None:
         """Take the text of one check (``end``: stream length after it; ``fences``: code fences
         seen so far). Return (confidence, onset) when drift is established."""
-        from proxy.language import classify, strip_noise
+        from proxy.detect.language import classify, strip_noise
 
         cfg = self.config
         if not self._buf:

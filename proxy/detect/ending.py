@@ -86,7 +86,7 @@ def words_in(unit: str) -> int:
 def identified_units(text: str) -> list[Unit]:
     """Cut ``text`` into sentence-sized units (short ones merged forward) and identify each."""
     from proxy.detect.drift import code_like
-    from proxy.language import classify, strip_noise
+    from proxy.detect.language import classify, strip_noise
 
     units: list[Unit] = []
     start = 0

@@ -2,7 +2,7 @@
 
 This module fixes the contract between the detector and the proxy. The implementation behind
 :class:`Detector` may change freely; these names, fields and signatures may not without updating
-the relay (``proxy/relay.py``), the metrics layer and the score CLI.
+the relay (``proxy/core/guard.py``), the metrics layer and the score CLI.
 
 ``Detector`` itself lives in :mod:`proxy.detect.detector` (its signature is the contract).
 """
@@ -185,7 +185,7 @@ class Verdict:
     far), used to trim the tail of a non-streaming answer; ``fired_at_char`` is how much text had
     been fed when the verdict fired. ``channel`` is the text it fired on (``content``: the
     answer; ``reasoning``: the thinking; ``tool``: tool-call arguments; see
-    :mod:`proxy.channels`); a detector's own verdicts are ``content`` until the relay places
+    :mod:`proxy.core.channels`); a detector's own verdicts are ``content`` until the relay places
     them.
     """
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from proxy.cli.score import Scored, score_rows
 from proxy.detect import SIGNALS
-from proxy.scoring import Scored, score_rows
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "detect" / "sample.jsonl"
 

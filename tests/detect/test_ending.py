@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.core.rewrite import RewritePolicy, rewrite_request
 from proxy.detect import Detector, DetectorConfig
 from proxy.detect.ending import fallback_languages, final_drift, final_flood, identified_units
-from proxy.rewrite import RewritePolicy, rewrite_request
 from tests.detect.conftest import stream
 from tests.detect.texts import ENGLISH, ITALIAN, as_deltas
 
@@ -104,7 +104,7 @@ def test_end_judgement_is_a_switch() -> None:
     assert stream(ENGLISH[:400] + "ha" * 40, NO_END).verdict is None
 
 
-# -- the expected language from the prompt (proxy.rewrite) ---------------------------------
+# -- the expected language from the prompt (proxy.core.rewrite) ---------------------------------
 
 
 def chat(text: str) -> dict[str, object]:
@@ -202,7 +202,7 @@ def test_a_list_item_with_a_bracket_and_a_semicolon_is_prose() -> None:
 def test_a_verdict_at_the_end_of_a_relayed_stream_is_recorded_as_observed() -> None:
     """The relay cannot act on a verdict given when the choice has ended, but it records it,
     so the detection reaches the metrics; the client's bytes are untouched."""
-    from proxy.relay import GuardPolicy, StreamGuard
+    from proxy.core.guard import GuardPolicy, StreamGuard
     from tests.test_relay import stream as sse_stream
 
     whole = sse_stream([SHORT_DRIFT])

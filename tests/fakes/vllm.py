@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from proxy.engine_context import LOOKUP_USER_AGENT
+from proxy.server.engine_context import LOOKUP_USER_AGENT
 
 _TOKEN = re.compile(r"\s*\S+|\s+")
 

@@ -1,0 +1,5 @@
+"""``python -m proxy.cli``: the same as ``coherence-guard``."""
+
+from proxy.cli import main
+
+raise SystemExit(main())

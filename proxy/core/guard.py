@@ -1,0 +1,656 @@
+"""The guard's per-request state machine: upstream SSE bytes in, client bytes out.
+
+Pure and synchronous (no sockets, no asyncio): the app's I/O loop hands each upstream read to
+:meth:`StreamGuard.feed`, writes what it returns, and stops reading (closing the upstream, which
+makes vLLM abort the request and free its KV cache) as soon as :attr:`StreamGuard.done` says so.
+
+One state machine serves every generation surface. What is common lives here: SSE parsing, one
+:class:`BlockState` (a detector and its counts) per unit of text the surface defines, the end of
+the stream (terminal event, upstream failure, EOF), the outcome and the records. What differs per
+surface is a :class:`Surface`: how text is read out of an event and which detector it feeds, which
+events end the stream on a verdict, how an upstream failure is written, and how a non-streamed
+answer is rebuilt (:mod:`proxy.core.reassemble`).
+
+Chat and completions (this module, the hot path): per event the JSON is parsed once, each choice's
+new text goes to that choice's own detector, and the upstream bytes are forwarded untouched unless
+they must change: usage the client did not ask for is removed, and an aborted choice's last chunk
+is rewritten to end it (``finish_reason``, ``stop_reason: "coherence_guard:<signal>"`` and the
+``guard`` object). With ``n > 1`` an aborted choice ends alone; the stream ends when no live
+choice remains. The Responses and Messages surfaces are in :mod:`proxy.core.surfaces`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import MethodType
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import orjson
+
+from proxy.core import channels, chunks
+from proxy.core.channels import Channel, SideChannels
+from proxy.core.chunks import Piece
+from proxy.core.records import ChoiceRecord, DetectionAction, Endpoint, Outcome
+from proxy.core.sse import DONE, DONE_EVENT, MAX_EVENT_BYTES, SSEParser, encode_data
+from proxy.detect import Detector, Summary, Verdict
+from proxy.errors import GuardError, UpstreamError
+
+if TYPE_CHECKING:
+    from proxy.core.rewrite import Rewrite
+
+Mode = Literal["enforce", "monitor", "off", "heal"]
+
+#: vLLM's own loop stop (``repetition_detection``): the engine did the guard's job, so the client
+#: sees it as ``GUARD_ABORT_FINISH_REASON`` says while metrics keep the engine's reason.
+ENGINE_REPETITION = "repetition"
+
+__all__ = ["BlockState", "ChoiceState", "GuardPolicy", "Mode", "StreamGuard", "Surface"]
+
+
+@dataclass(frozen=True, slots=True)
+class GuardPolicy:
+    """How one request is relayed, resolved once before the first byte (the hot path reads
+    fields, it never re-derives them).
+
+    ``strip_chunk_usage`` / ``strip_final_usage`` remove the per-chunk and the final usage the
+    proxy asked for on its own account (``usage_null``: written as ``"usage": null``, as vLLM's
+    completions chunks do, instead of removed); ``collect`` keeps the text for a non-streamed
+    answer; ``map_engine_repetition`` shows vLLM's own ``repetition`` stop as
+    ``abort_finish_reason``.
+    """
+
+    endpoint: Endpoint = "chat"
+    mode: Mode = "enforce"
+    n: int = 1
+    abort_finish_reason: str = "content_filter"
+    strip_chunk_usage: bool = False
+    strip_final_usage: bool = False
+    client_wants_usage: bool = True
+    collect: bool = False
+    usage_null: bool = False
+    map_engine_repetition: bool = True
+    #: GUARD_MAX_EVENT_BYTES: one SSE event larger than this ends the stream with an error.
+    max_event_bytes: int = MAX_EVENT_BYTES
+    #: The proxy asked for logprobs the client did not: fed to the detector, then each choice's
+    #: ``logprobs`` is written ``null``, as the engine writes it when nobody asks.
+    strip_logprobs: bool = False
+    #: GUARD_RESPONSES_ABORT_EVENT: the event that ends an aborted Responses stream
+    #: (``completed``: vLLM's own early-stop ending; ``incomplete``: ``response.incomplete``).
+    abort_event: str = "completed"
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        endpoint: Endpoint = "chat",
+        mode: Mode = "enforce",
+        n: int = 1,
+        abort_finish_reason: str = "content_filter",
+        strip_chunk_usage: bool = False,
+        strip_final_usage: bool = False,
+        client_wants_usage: bool = True,
+        collect: bool = False,
+        usage_null: bool = False,
+        max_event_bytes: int = MAX_EVENT_BYTES,
+        strip_logprobs: bool = False,
+        abort_event: str = "completed",
+    ) -> GuardPolicy:
+        """The policy with its derived fields filled in."""
+        return cls(
+            endpoint=endpoint,
+            mode=mode,
+            n=n,
+            abort_finish_reason=abort_finish_reason,
+            strip_chunk_usage=strip_chunk_usage,
+            strip_final_usage=strip_final_usage,
+            client_wants_usage=client_wants_usage,
+            collect=collect,
+            usage_null=usage_null,
+            map_engine_repetition=mode != "off" and abort_finish_reason != ENGINE_REPETITION,
+            max_event_bytes=max_event_bytes,
+            strip_logprobs=strip_logprobs,
+            abort_event=abort_event,
+        )
+
+    @classmethod
+    def for_request(
+        cls,
+        endpoint: Endpoint,
+        rw: Rewrite,
+        mode: Mode,
+        *,
+        abort_finish_reason: str,
+        injected_usage: bool,
+        client_continuous: bool,
+        max_event_bytes: int = MAX_EVENT_BYTES,
+        abort_event: str = "completed",
+    ) -> GuardPolicy:
+        """What the app relays for a rewritten request: ``injected_usage`` says the proxy asked
+        for usage itself, ``client_continuous`` that the client asked for per-chunk usage."""
+        wants = rw.client_wants_usage and rw.client_stream
+        return cls.create(
+            endpoint=endpoint,
+            mode=mode,
+            n=rw.n,
+            abort_finish_reason=abort_finish_reason,
+            strip_chunk_usage=injected_usage and rw.client_stream and not client_continuous,
+            strip_final_usage=injected_usage and rw.client_stream and not wants,
+            client_wants_usage=wants,
+            collect=not rw.client_stream,
+            usage_null=endpoint == "completions",
+            max_event_bytes=max_event_bytes,
+            strip_logprobs=rw.injected_logprobs,
+            abort_event=abort_event,
+        )
+
+
+@dataclass(slots=True)
+class BlockState:
+    """One unit of generated text with its own detector: a chat/completions choice, a Responses
+    output item, an Anthropic message."""
+
+    index: int
+    detector: Detector
+    tokens: int = 0
+    chars: int = 0
+    finish_reason: str | None = None
+    stop_reason: Any = None
+    verdict: Verdict | None = None
+    action: DetectionAction | None = None
+    ended: bool = False
+    #: Non-streaming only: (offset of the piece in the detector's text, piece).
+    pieces: list[tuple[int, Piece]] = field(default_factory=list)
+    tools: dict[int, dict[str, Any]] = field(default_factory=dict)
+    logprobs: list[Any] | None = None
+    completion_logprobs: dict[str, list[Any]] | None = None
+    summary: Summary | None = None
+    #: The delta that made the detector fire (logged only with GUARD_LOG_TEXT=true).
+    trigger_text: str | None = None
+    #: The thinking and tool-argument channels, each in its own register (``detector`` is the
+    #: answer's); ``None`` until the block writes text outside its answer (see
+    #: :mod:`proxy.core.channels`).
+    side: SideChannels | None = None
+
+    def finish(self) -> Summary:
+        """The block's summary over all its channels, computed once when it ends."""
+        if self.summary is None:
+            self.summary = channels.merge(self.detector.finish(), self.side, self.verdict)
+        return self.summary
+
+
+#: The name the chat relay has always used.
+ChoiceState = BlockState
+
+
+class Surface(Protocol):
+    """The per-surface part of the relay (see the module docstring)."""
+
+    def event(self, guard: StreamGuard, raw: bytes, data: bytes | None) -> bytes:
+        """Client bytes for one upstream event."""
+
+    def failure(self, guard: StreamGuard, error: GuardError) -> bytes:
+        """The events that end a client stream whose upstream failed."""
+
+    def response(self, guard: StreamGuard, trim: bool) -> dict[str, Any]:
+        """The non-streamed answer rebuilt from what the guard saw."""
+
+
+class StreamGuard:
+    """One request's relay state; see the module docstring.
+
+    ``policy`` says how to relay, ``make_detector`` builds one detector per block; ``surface``
+    defaults to the one ``policy.endpoint`` names.
+    """
+
+    def __init__(
+        self,
+        policy: GuardPolicy,
+        make_detector: Callable[[], Detector],
+        surface: Surface | None = None,
+    ) -> None:
+        self.policy = policy
+        self.mode = policy.mode
+        self.n = policy.n
+        self._make_detector = make_detector
+        self.surface: Surface = surface or surface_for(policy.endpoint)
+        #: Chat's own event handler is a method (the hot path skips one call); others dispatch.
+        if not isinstance(self.surface, _ChatSurface):
+            self._event = MethodType(_surface_event, self)  # type: ignore[method-assign]
+        self.parser = SSEParser(policy.max_event_bytes)
+        #: Chat and completions streamed to the client take :meth:`_text_event` for plain text
+        #: chunks (a non-streamed answer keeps every piece, so it always parses).
+        self._fast = isinstance(self.surface, _ChatSurface) and not policy.collect
+        self.choices: dict[int, BlockState] = {}
+        self.done = False
+        #: The stream's terminal event arrived (``[DONE]``, ``response.completed``, ...).
+        self.saw_done = False
+        self.aborted = False
+        self.error: dict[str, Any] | None = None
+        self.prompt_tokens: int | None = None
+        self.usage: dict[str, Any] | None = None
+        self.template: dict[str, Any] | None = None
+        self.first_content = False
+        #: Per-surface state (the Responses/Messages surfaces keep theirs here).
+        self.extra: Any = None
+        self._ended_count = 0
+
+    def new_block(self, index: int) -> BlockState:
+        state = self.choices[index] = BlockState(index, self._make_detector())
+        return state
+
+    def feed_text(
+        self, state: BlockState, text: str, channel: Channel = "content"
+    ) -> Verdict | None:
+        """One token of a surface's text, on ``channel``, to its block's detector for that
+        channel; the verdict when it asks the stream to end here (``enforce``: state marked
+        aborted, the guard done), else ``None``. The surfaces (:mod:`proxy.core.surfaces`) write
+        their own ending events around it."""
+        self.first_content = True
+        state.tokens += 1
+        verdict = feed_channel(state, channel, text, 1, None)
+        state.chars += len(text)
+        if verdict is None or state.verdict is not None:
+            return None
+        state.verdict = verdict
+        state.trigger_text = text
+        if self.mode != "enforce":
+            state.action = "observed"
+            return None
+        state.action = "aborted"
+        self.aborted = True
+        self.done = True
+        return verdict
+
+    # ------------------------------------------------------------------ streaming
+    def feed(self, data: bytes) -> bytes:
+        """Bytes to send the client for this upstream read (possibly empty)."""
+        if self.done:
+            return b""
+        if self._fast and not self.parser.pending:
+            tc = chunks.text_chunk(data)
+            if tc is not None:
+                fast = self._text_event(data, tc)
+                if fast is not None:
+                    return fast
+        events = self.parser.feed(data)
+        if not events:
+            return b""
+        if len(events) == 1:
+            return self._event(events[0].raw, events[0].data)
+        out = []
+        for ev in events:
+            if self.done:
+                break
+            out.append(self._event(ev.raw, ev.data))
+        return b"".join(out)
+
+    def _event(self, raw: bytes, data: bytes | None) -> bytes:
+        if data is None:
+            return raw
+        if data == DONE:
+            self.saw_done = True
+            self.done = True
+            return raw
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return raw
+        if type(chunk) is not dict:
+            return raw
+        usage = chunk.get("usage")
+        if usage is not None:
+            if type(usage) is dict:
+                self._note_usage(usage)
+            else:
+                usage = None
+        choices = chunk.get("choices")
+        if type(choices) is not list:
+            if "error" in chunk:
+                err = chunk["error"]
+                self.error = err if isinstance(err, dict) else {"message": str(err)}
+            return raw
+        if not choices:
+            # The final usage chunk.
+            if usage is not None and self.policy.strip_final_usage:
+                return b""
+            return raw
+        if self.template is None:
+            self.template = chunk
+
+        modified = False
+        stripped = False
+        drop: list[dict[str, Any]] = []
+        single = len(choices) == 1
+        for choice in choices:
+            if type(choice) is not dict:
+                continue
+            index = choice.get("index", 0)
+            state = self.choices.get(index)
+            if state is None:
+                if type(index) is not int:
+                    continue
+                state = self.new_block(index)
+            if state.ended:
+                drop.append(choice)  # a choice the guard already ended (n > 1)
+                continue
+            text = chunks.choice_text(choice)
+            if usage is not None and single:
+                ct = usage.get("completion_tokens")
+                tokens = ct - state.tokens if type(ct) is int and ct >= state.tokens else 1
+            else:
+                tokens = 1 if text else 0
+            state.tokens += tokens
+            verdict = None
+            if text:
+                self.first_content = True
+                pieces = None
+                if self.policy.collect:
+                    pieces = chunks.choice_pieces(choice)
+                    self._collect(state, pieces)
+                lp = choice.get("logprobs")
+                entries = None if lp is None else chunks.logprobs_entries(lp)
+                if not chunks.has_side_text(choice):
+                    verdict = state.detector.feed(text, tokens=tokens, logprobs=entries)
+                    if verdict is not None and state.side is not None:
+                        verdict = state.side.place(verdict, "content")
+                    state.chars += len(text)
+                else:
+                    verdict = self._feed_pieces(
+                        state, pieces or chunks.choice_pieces(choice), tokens, entries
+                    )
+            if self.policy.collect:
+                self._collect_extra(state, choice)
+            if (
+                verdict is not None
+                and state.verdict is None
+                and self._on_verdict(state, choice, verdict, text)
+            ):
+                modified = True
+                continue
+            finish = choice.get("finish_reason")
+            if finish is not None:
+                self._end(state, str(finish), choice.get("stop_reason"))
+                if finish == ENGINE_REPETITION and self.policy.map_engine_repetition:
+                    choice["finish_reason"] = self.policy.abort_finish_reason
+                    modified = True
+
+        if self.policy.strip_logprobs:
+            for choice in choices:
+                if type(choice) is dict and choice.get("logprobs") is not None:
+                    choice["logprobs"] = None
+                    stripped = True
+        if drop:
+            chunk["choices"] = [c for c in choices if not any(c is d for d in drop)]
+            modified = True
+            if not chunk["choices"]:
+                return self._maybe_finish(b"")
+        if modified:
+            if self.policy.strip_chunk_usage:
+                if self.policy.usage_null:
+                    chunk["usage"] = None
+                else:
+                    chunk.pop("usage", None)
+            out = encode_data(orjson.dumps(chunk))
+        elif stripped:
+            nulled = chunks.null_logprobs(data)
+            if nulled is None:
+                nulled = orjson.dumps(chunk)  # a layout the byte cut does not know
+            if usage is not None and self.policy.strip_chunk_usage:
+                nulled = chunks.strip_usage(nulled, chunk, null=self.policy.usage_null)
+            out = encode_data(nulled)
+        elif usage is not None and self.policy.strip_chunk_usage:
+            out = encode_data(chunks.strip_usage(data, chunk, null=self.policy.usage_null))
+        else:
+            return raw if not self.aborted else self._maybe_finish(raw)
+        return self._maybe_finish(out)
+
+    @staticmethod
+    def _feed_pieces(
+        state: BlockState, pieces: list[Piece], tokens: int, entries: list[Any] | None
+    ) -> Verdict | None:
+        """A delta that writes outside the answer: each piece to its channel's register (the
+        delta's tokens and logprobs go with its first piece); the first verdict."""
+        verdict = None
+        for piece in pieces:
+            channel = channels.channel_of(piece.channel)
+            found = feed_channel(state, channel, piece.text, tokens, entries)
+            tokens, entries = 0, None
+            state.chars += len(piece.text)
+            if verdict is None:
+                verdict = found
+        return verdict
+
+    def _on_verdict(
+        self, state: BlockState, choice: dict[str, Any], verdict: Verdict, text: str
+    ) -> bool:
+        """Record the block's first verdict; in ``enforce`` end ``choice`` (returns True: the
+        chunk changed)."""
+        state.verdict = verdict
+        state.trigger_text = text
+        if self.mode == "enforce":
+            state.action = "aborted"
+            chunks.mark_aborted(choice, verdict, self.policy.abort_finish_reason, state.tokens)
+            self._end(state, self.policy.abort_finish_reason, choice["stop_reason"])
+            self.aborted = True
+            return True
+        state.action = "observed"
+        return False
+
+    def _text_event(self, read: bytes, tc: chunks.TextChunk) -> bytes | None:
+        """:meth:`_event` for one read that is exactly one plain text chunk (see
+        :func:`proxy.core.chunks.text_chunk`), without parsing its JSON; the same state changes and
+        the same client bytes. ``None`` before touching any state when the general path must
+        decide (the first chunk, which becomes the template; a new or ended choice)."""
+        if self.template is None:
+            return None
+        state = self.choices.get(tc.index)
+        if state is None or state.ended:
+            return None
+        text = tc.text
+        usage = tc.usage
+        if usage is not None:
+            self.usage = usage
+            self.prompt_tokens = usage["prompt_tokens"]
+            ct = usage["completion_tokens"]
+            tokens = ct - state.tokens if ct >= state.tokens else 1
+        else:
+            tokens = 1 if text else 0
+        state.tokens += tokens
+        if text:
+            self.first_content = True
+            verdict = state.detector.feed(text, tokens=tokens, logprobs=None)
+            state.chars += len(text)
+            if verdict is not None and state.verdict is None:
+                if state.side is not None:
+                    verdict = state.side.place(verdict, "content")
+                chunk = orjson.loads(read[6:-2])
+                choice = chunk["choices"][0]
+                if self._on_verdict(state, choice, verdict, text):
+                    if self.policy.strip_chunk_usage:
+                        if self.policy.usage_null:
+                            chunk["usage"] = None
+                        else:
+                            chunk.pop("usage", None)
+                    return self._maybe_finish(encode_data(orjson.dumps(chunk)))
+        if usage is not None and self.policy.strip_chunk_usage:
+            cut = tc.usage_at
+            out = read[:cut] + (b',"usage":null}\n\n' if self.policy.usage_null else b"}\n\n")
+            return self._maybe_finish(out)
+        return read if not self.aborted else self._maybe_finish(read)
+
+    def _note_usage(self, usage: dict[str, Any]) -> None:
+        self.usage = usage
+        pt = usage.get("prompt_tokens")
+        if isinstance(pt, int):
+            self.prompt_tokens = pt
+
+    def _end(self, state: ChoiceState, finish_reason: str, stop_reason: Any) -> None:
+        state.finish_reason = finish_reason
+        state.stop_reason = stop_reason
+        if not state.ended:
+            state.ended = True
+            self._ended_count += 1
+
+    def _maybe_finish(self, out: bytes) -> bytes:
+        """After a guard abort, end the client stream once no live choice remains."""
+        if not self.aborted or self._ended_count < self.n:
+            return out
+        self.done = True
+        tail = [out]
+        if self.policy.client_wants_usage and self.template is not None:
+            tail.append(encode_data(chunks.usage_chunk(self.template, self.final_usage())))
+        tail.append(DONE_EVENT)
+        return b"".join(tail)
+
+    def final_usage(self) -> dict[str, Any]:
+        completion = sum(s.tokens for s in self.choices.values())
+        prompt = self.prompt_tokens or 0
+        return {
+            "prompt_tokens": prompt,
+            "total_tokens": prompt + completion,
+            "completion_tokens": completion,
+        }
+
+    def upstream_failed(self, error: GuardError) -> bytes:
+        """The upstream died mid-stream: the surface's error events, never a hang."""
+        self.done = True
+        self.error = error.to_dict()["error"]
+        return self.surface.failure(self, error)
+
+    def eof(self) -> bytes:
+        """The upstream closed the body. A stream that ended without its terminal event
+        (``[DONE]`` on chat) is an upstream failure; the bytes of an unterminated last event
+        are dropped (see ``SSEParser.flush``)."""
+        if self.done:
+            return b""
+        out = b"".join(self._event(ev.raw, ev.data) for ev in self.parser.close())
+        self.parser.flush()
+        if self.done:
+            return out
+        return out + self.upstream_failed(
+            UpstreamError("The upstream closed the stream before it was complete.")
+        )
+
+    # ------------------------------------------------------------------ outcome
+    def outcome(self, *, client_gone: bool = False) -> Outcome:
+        if self.aborted:
+            return "aborted"
+        if client_gone:
+            return "client_disconnected"
+        if self.error is not None or not self.saw_done:
+            return "upstream_error"
+        return "completed"
+
+    def records(self, max_tokens: int | None) -> list[ChoiceRecord]:
+        out = []
+        for index in sorted(self.choices):
+            st = self.choices[index]
+            summary = st.finish()
+            if st.action is None and summary.verdict is not None:
+                st.action = "observed"  # judged when the choice ended: nothing left to stop
+            out.append(
+                ChoiceRecord(
+                    index=index,
+                    finish_reason=st.finish_reason,
+                    completion_tokens=st.tokens,
+                    summary=summary,
+                    detection_action=st.action,
+                    max_tokens=max_tokens,
+                )
+            )
+        return out
+
+    # ------------------------------------------------------------------ non-streaming
+    def _collect(self, state: ChoiceState, pieces: list[Piece]) -> None:
+        offset = state.chars
+        for p in pieces:
+            state.pieces.append((offset, p))
+            offset += len(p.text)
+
+    def _collect_extra(self, state: ChoiceState, choice: dict[str, Any]) -> None:
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            calls = delta.get("tool_calls")
+            if isinstance(calls, list):
+                for call in calls:
+                    if not isinstance(call, dict):
+                        continue
+                    ti = call.get("index", 0)
+                    slot = state.tools.setdefault(ti if isinstance(ti, int) else 0, {})
+                    for key in ("id", "type"):
+                        if call.get(key) is not None:
+                            slot[key] = call[key]
+                    fn = call.get("function")
+                    if isinstance(fn, dict) and fn.get("name"):
+                        slot["name"] = fn["name"]
+        lp = None if self.policy.strip_logprobs else choice.get("logprobs")
+        if isinstance(lp, dict):
+            content = lp.get("content")
+            if isinstance(content, list):
+                state.logprobs = (state.logprobs or []) + content
+            elif "tokens" in lp:
+                acc = state.completion_logprobs or {}
+                for key in ("text_offset", "token_logprobs", "tokens", "top_logprobs"):
+                    val = lp.get(key)
+                    if isinstance(val, list):
+                        acc.setdefault(key, []).extend(val)
+                state.completion_logprobs = acc
+
+    def response(self, endpoint: Endpoint | None = None, *, trim: bool) -> dict[str, Any]:
+        """The answer the engine would have given a non-streaming client (see
+        :mod:`proxy.core.reassemble`); an aborted block is cut at its onset when ``trim`` is set.
+        ``endpoint`` may only repeat the policy's (chat and completions share a surface)."""
+        if endpoint is not None and endpoint != self.policy.endpoint:
+            raise ValueError(f"this guard relays {self.policy.endpoint}, not {endpoint}")
+        return self.surface.response(self, trim)
+
+
+def feed_channel(
+    state: BlockState, channel: Channel, text: str, tokens: int, logprobs: list[Any] | None
+) -> Verdict | None:
+    """``text`` to ``state``'s detector for ``channel`` (see :mod:`proxy.core.channels`); a verdict
+    comes back with its onset in block offsets and its channel named. ``state.chars`` is the
+    block offset of ``text`` (the caller adds its length after)."""
+    if channel == "content":
+        verdict = state.detector.feed(text, tokens=tokens, logprobs=logprobs)
+        if verdict is not None and state.side is not None:
+            verdict = state.side.place(verdict, "content")
+        return verdict
+    side = state.side
+    if side is None:
+        side = state.side = SideChannels(state.detector.config)
+    side.note(channel, state.chars, len(text))
+    verdict = side.detector(channel).feed(text, tokens=tokens, logprobs=logprobs)
+    return None if verdict is None else side.place(verdict, channel)
+
+
+def _surface_event(guard: StreamGuard, raw: bytes, data: bytes | None) -> bytes:
+    return guard.surface.event(guard, raw, data)
+
+
+class _ChatSurface:
+    """Chat and completions: the event handler is :meth:`StreamGuard._event` itself."""
+
+    def event(self, guard: StreamGuard, raw: bytes, data: bytes | None) -> bytes:
+        return guard._event(raw, data)
+
+    def failure(self, guard: StreamGuard, error: GuardError) -> bytes:
+        return encode_data(error.to_json()) + DONE_EVENT
+
+    def response(self, guard: StreamGuard, trim: bool) -> dict[str, Any]:
+        from proxy.core.reassemble import chat_response
+
+        return chat_response(guard, trim=trim)
+
+
+CHAT = _ChatSurface()
+
+
+def surface_for(endpoint: Endpoint) -> Surface:
+    """The surface that relays ``endpoint``."""
+    if endpoint in ("chat", "completions"):
+        return CHAT
+    from proxy.core.surfaces import SURFACES
+
+    return SURFACES[endpoint]

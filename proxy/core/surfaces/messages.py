@@ -1,0 +1,212 @@
+"""``POST /v1/messages`` (Anthropic Messages, as vLLM serves it): the per-surface part.
+
+The stream is ``message_start``, then per content block ``content_block_start`` →
+``content_block_delta``… → ``content_block_stop``, then ``message_delta`` (``stop_reason``,
+usage) and ``message_stop``; ``ping`` and ``error`` may come anywhere. No ``[DONE]``.
+
+One block state per message, not per content block: vLLM builds the message out of one chat
+choice, and its blocks (``thinking``, then ``text``, then ``tool_use``) are consecutive slices of
+that choice. Each channel of it (thinking, text, tool input) is judged in its own register
+exactly as on ``/v1/chat/completions`` for the same generation (:mod:`proxy.core.channels`), so the
+verdicts are the same, and a model that loops by opening text block after text block is still
+one window.
+
+On a verdict (enforce) the delta that fired is forwarded, then the open block ends with
+``content_block_stop``, a ``message_delta`` carries the stop reason (see :func:`stop_reason`),
+the ``guard`` object and the usage, and ``message_stop`` ends the stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from proxy.core import chunks
+from proxy.core.channels import channel_of
+from proxy.core.chunks import Piece
+
+if TYPE_CHECKING:
+    from proxy.core.guard import BlockState, StreamGuard
+    from proxy.detect import Verdict
+    from proxy.errors import GuardError
+
+#: The text field of each delta type the detector reads.
+DELTA_FIELDS = {
+    "text_delta": "text",
+    "thinking_delta": "thinking",
+    "input_json_delta": "partial_json",
+}
+#: Anthropic stop reasons back to the OpenAI finish reasons the records use.
+FINISH_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
+
+
+@dataclass(slots=True)
+class MessagesState:
+    #: The message of ``message_start``.
+    message: dict[str, Any] | None = None
+    #: Blocks started and not yet stopped (index → ``content_block``).
+    open: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: Every block as it started (for a non-streamed answer).
+    blocks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    stop_reason: str | None = None
+    stop_sequence: str | None = None
+    #: The usage of the engine's ``message_delta``.
+    usage: dict[str, Any] | None = None
+
+
+def _state(guard: StreamGuard) -> MessagesState:
+    state = guard.extra
+    if state is None:
+        state = guard.extra = MessagesState()
+    return state  # type: ignore[no-any-return]
+
+
+def stop_reason(abort_finish_reason: str) -> str:
+    """The Anthropic ``stop_reason`` of the guard's abort, one of the SDK's ``StopReason``.
+
+    ``refusal`` for ``content_filter`` (the default) and ``repetition``: it is Anthropic's own
+    word for "a classifier stopped this stream", the SDK carries its ``stop_details`` (where the
+    guard's signal goes) into the final message, and clients treat it as final. ``max_tokens``
+    would invite agent tools to ask for a continuation of the loop; ``end_turn`` would present
+    a cut answer as complete. Operators who want those anyway get them from
+    ``GUARD_ABORT_FINISH_REASON=length`` / ``stop``.
+    """
+    if abort_finish_reason == "length":
+        return "max_tokens"
+    if abort_finish_reason == "stop":
+        return "end_turn"
+    return "refusal"
+
+
+def stop_details(reason: str, verdict: Verdict) -> dict[str, Any] | None:
+    if reason != "refusal":
+        return None
+    return {"type": "refusal", "category": None, "explanation": "coherence_guard:" + verdict.signal}
+
+
+encode = chunks.named_event
+
+
+class _Messages:
+    def event(self, guard: StreamGuard, raw: bytes, data: bytes | None) -> bytes:
+        obj = chunks.json_object(data)
+        if obj is None:
+            return raw
+        kind = obj.get("type")
+        if kind == "content_block_delta":
+            return self._delta(guard, raw, obj)
+        ms = _state(guard)
+        if kind == "content_block_start":
+            index = obj.get("index")
+            block = obj.get("content_block")
+            if type(index) is int and isinstance(block, dict):
+                ms.open[index] = block
+                ms.blocks[index] = block
+        elif kind == "content_block_stop":
+            ms.open.pop(obj.get("index"), None)  # type: ignore[arg-type]
+        elif kind == "message_start":
+            message = obj.get("message")
+            if isinstance(message, dict):
+                ms.message = guard.template = message
+                usage = message.get("usage")
+                if isinstance(usage, dict) and isinstance(usage.get("input_tokens"), int):
+                    guard.prompt_tokens = usage["input_tokens"]
+            if 0 not in guard.choices:
+                guard.new_block(0)
+        elif kind == "message_delta":
+            delta = obj.get("delta")
+            if isinstance(delta, dict):
+                ms.stop_reason = delta.get("stop_reason")
+                ms.stop_sequence = delta.get("stop_sequence")
+            usage = obj.get("usage")
+            if isinstance(usage, dict):
+                ms.usage = guard.usage = usage
+                state = guard.choices.get(0) or guard.new_block(0)
+                if isinstance(usage.get("output_tokens"), int):
+                    state.tokens = usage["output_tokens"]
+            state = guard.choices.get(0) or guard.new_block(0)
+            if not state.ended:
+                state.ended = True
+                reason = ms.stop_reason
+                state.finish_reason = FINISH_REASONS.get(reason, reason) if reason else None
+                state.stop_reason = ms.stop_sequence
+        elif kind == "message_stop":
+            guard.saw_done = True
+            guard.done = True
+        elif kind == "error":
+            err = obj.get("error")
+            guard.error = err if isinstance(err, dict) else {"message": str(err)}
+            guard.done = True
+        return raw
+
+    def _delta(self, guard: StreamGuard, raw: bytes, obj: dict[str, Any]) -> bytes:
+        delta = obj.get("delta")
+        if type(delta) is not dict:
+            return raw
+        key = DELTA_FIELDS.get(delta.get("type"))  # type: ignore[arg-type]
+        text = delta.get(key) if key is not None else None
+        if type(text) is not str or not text:
+            return raw
+        state = guard.choices.get(0) or guard.new_block(0)
+        if state.ended:
+            return raw
+        if guard.policy.collect:
+            index = obj.get("index")
+            block = index if type(index) is int else 0
+            state.pieces.append((state.chars, Piece(delta["type"], text, block)))
+        verdict = guard.feed_text(state, text, channel_of(delta["type"]))
+        if verdict is None:
+            return raw
+        state.ended = True
+        state.finish_reason = guard.policy.abort_finish_reason
+        return raw + self._abort_tail(guard, state, verdict)
+
+    def _abort_tail(self, guard: StreamGuard, state: BlockState, verdict: Verdict) -> bytes:
+        ms = _state(guard)
+        out = [encode({"type": "content_block_stop", "index": i}) for i in sorted(ms.open)]
+        ms.open.clear()
+        out.append(encode(abort_delta(guard, state, verdict)))
+        out.append(encode({"type": "message_stop"}))
+        return b"".join(out)
+
+    def failure(self, guard: StreamGuard, error: GuardError) -> bytes:
+        return error_event(error)
+
+    def response(self, guard: StreamGuard, trim: bool) -> dict[str, Any]:
+        from proxy.core.reassemble import messages_response
+
+        return messages_response(guard, trim=trim)
+
+
+def error_event(error: GuardError) -> bytes:
+    """``event: error`` with Anthropic's envelope: how the Messages API ends a stream that
+    failed after its 200 (the SDK raises it as an ``APIStatusError`` of that type)."""
+    return encode(error.to_anthropic())
+
+
+def abort_delta(guard: StreamGuard, state: BlockState, verdict: Verdict) -> dict[str, Any]:
+    """The ``message_delta`` that ends an aborted message."""
+    reason = stop_reason(guard.policy.abort_finish_reason)
+    delta: dict[str, Any] = {"stop_reason": reason, "stop_sequence": None}
+    details = stop_details(reason, verdict)
+    if details is not None:
+        delta["stop_details"] = details
+    delta["guard"] = chunks.guard_object(verdict, state.tokens)
+    return {"type": "message_delta", "delta": delta, "usage": usage(guard)}
+
+
+def usage(guard: StreamGuard) -> dict[str, Any]:
+    """Input tokens as ``message_start`` said, output tokens counted one per delta."""
+    return {
+        "input_tokens": guard.prompt_tokens or 0,
+        "output_tokens": sum(s.tokens for s in guard.choices.values()),
+    }
+
+
+MESSAGES = _Messages()

@@ -1,0 +1,204 @@
+"""The HTTP shell: the app factory, the middleware stack and the dispatcher.
+
+Request path (outermost first)::
+
+    RequestId → CanonicalPath → Auth → app.add_middleware(...) → Dispatcher
+        ├── POST /v1/chat/completions, /v1/completions → Guarded      (proxy/server/guarded.py)
+        ├── /health, /ready, /metrics, /metrics/quality → FastAPI      (proxy/server/routes.py)
+        ├── unguarded generating route, GUARD_UNGUARDED_ROUTES=reject → 403
+        └── anything else → Passthrough                                (proxy/server/passthrough.py)
+
+The guarded and pass-through endpoints are raw ASGI callables: per request they pay one dict
+lookup in the dispatcher, per chunk one ``send`` — no routing, dependency injection, response
+models, or Starlette's error middleware (which wraps ``send`` and so costs per chunk). They sit
+*inside* the user's middleware, so ``app.add_middleware(...)`` sees every request; FastAPI's own
+stack (error and exception middleware, router) serves only the proxy's own routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from proxy.detect import Detector, DetectorConfig
+from proxy.errors import Forbidden
+from proxy.observability.metrics import Metrics
+from proxy.server.asgi import ASGIApp, Message, Receive, Scope, Send, scope_headers, send_error
+from proxy.server.guarded import Guarded
+from proxy.server.middleware import Auth, CanonicalPath, RequestId
+from proxy.server.passthrough import Passthrough
+from proxy.server.paths import GUARDED, OWN_ROUTES, UNGUARDED_GENERATING
+from proxy.server.routes import own_routes
+from proxy.server.state import Proxy
+from proxy.settings import Settings, load_detector_config, load_settings
+
+log = logging.getLogger("coherence_guard")
+
+
+class Dispatcher:
+    """The innermost app: routes one request by its canonical path (set by CanonicalPath)."""
+
+    def __init__(self, proxy: Proxy, own: ASGIApp) -> None:
+        self.own = own
+        self.guarded = {path: Guarded(proxy, endpoint) for path, endpoint in GUARDED.items()}
+        self.passthrough = Passthrough(proxy)
+        self.reject = (
+            frozenset(UNGUARDED_GENERATING)
+            if proxy.settings.unguarded_routes == "reject"
+            else frozenset()
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.own(scope, receive, send)
+            return
+        path = scope["path"]
+        endpoint = self.guarded.get(path)
+        if endpoint is not None and scope["method"] == "POST":
+            await endpoint(scope, receive, send)
+        elif path in OWN_ROUTES:
+            await self.own(scope, receive, _with_headers(send, scope_headers(scope)))
+        elif path in self.reject:
+            error = Forbidden(
+                f"{path} is not guarded by this deployment (GUARD_UNGUARDED_ROUTES=reject).",
+                code="route_not_guarded",
+            )
+            await send_error(send, error, scope_headers(scope), path=path)
+        else:
+            await self.passthrough(scope, receive, send)
+
+
+def _with_headers(send: Send, headers: list[tuple[bytes, bytes]]) -> Send:
+    """``send`` adding ``headers`` to the response head (own routes only: not a hot path)."""
+    if not headers:
+        return send
+
+    async def wrapped(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", ()), *headers]
+        await send(message)
+
+    return wrapped
+
+
+class GuardApp(FastAPI):
+    """FastAPI whose middleware stack ends in the :class:`Dispatcher` (see the module doc)."""
+
+    proxy: Proxy
+
+    def build_middleware_stack(self) -> ASGIApp:
+        user, self.user_middleware = self.user_middleware, []
+        try:
+            own = super().build_middleware_stack()
+        finally:
+            self.user_middleware = user
+        proxy = self.proxy
+        settings = proxy.settings
+        app: ASGIApp = Dispatcher(proxy, own)
+        for cls, args, kwargs in reversed(user):
+            app = cls(app, *args, **kwargs)
+        app = Auth(
+            app,
+            api_keys=settings.api_keys,
+            override_keys=settings.override_api_keys,
+            metrics_keys=settings.metrics_api_keys,
+            protect_metrics=settings.protect_metrics,
+        )
+        app = CanonicalPath(app)
+        return RequestId(app)
+
+
+_WARM_UP_TEXT = (
+    "The proxy reads a few sentences at start-up so that every lazily loaded part of the "
+    "detector is ready before the first request arrives. Nothing here is sent anywhere. "
+) * 4
+
+
+def _warm_up(config: DetectorConfig, salad_languages: frozenset[str]) -> None:
+    from proxy.detect.language import identify_language
+    from proxy.detect.salad import lexicon
+
+    identify_language(_WARM_UP_TEXT)
+    # Salad off here: English has a word list now, and loading it is for the lines below to
+    # decide (only the lists this worker's requests may need).
+    detector = Detector(dataclasses.replace(config, salad=False), expected_language="en")
+    for word in _WARM_UP_TEXT.split(" "):
+        detector.feed(word + " ")
+    detector.finish()
+    if config.salad:
+        # The salad signal's word lists (0.1-0.3 s and ~5 MB each): loaded in a stream they
+        # would stall every other stream of this worker.
+        for language in sorted(salad_languages):
+            lexicon(language)
+
+
+def _salad_languages(settings: Settings) -> frozenset[str]:
+    """The word lists a request may need: the configured language's, or every supported one
+    when the language comes from the prompt."""
+    from proxy.detect.salad import SALAD_LANGUAGES
+
+    if settings.language in SALAD_LANGUAGES:
+        return frozenset({settings.language})
+    if settings.language == "auto" or settings.expect_language == "prompt":
+        return SALAD_LANGUAGES
+    return frozenset()
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    metrics: Metrics | None = None,
+    detector_config: DetectorConfig | None = None,
+) -> GuardApp:
+    """Build the proxy (one per worker process); ``settings`` default to the environment."""
+    settings = settings or load_settings()
+    metrics = metrics or Metrics.from_settings(settings)
+    proxy = Proxy(settings, metrics, detector_config or load_detector_config())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.mode != "off":
+            # Lazy parts of the detector (the language model: ~0.4 s) load now, not inside the
+            # first request, where they would stall every stream of this worker.
+            await asyncio.to_thread(_warm_up, proxy.detector_config, _salad_languages(settings))
+        watcher: asyncio.Task[None] | None = None
+        if settings.upstream_metrics_interval > 0:
+            from proxy.server.engine_watch import watch_upstream_config
+
+            watcher = asyncio.create_task(
+                watch_upstream_config(
+                    proxy.client, settings.upstream_url, metrics, settings.upstream_metrics_interval
+                )
+            )
+        try:
+            yield
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await watcher
+            await proxy.aclose()
+
+    app = GuardApp(
+        title="Coherence Guard", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
+    app.proxy = proxy
+    app.state.proxy = proxy
+    app.state.metrics = metrics
+    app.state.settings = settings
+    app.include_router(own_routes(proxy))
+    return app
+
+
+def create_app_from_env() -> GuardApp:
+    """Factory for ``uvicorn --factory`` (one app per worker process)."""
+    from proxy.observability.logs import configure_logging
+
+    settings = load_settings()
+    configure_logging(settings)
+    return create_app(settings)
