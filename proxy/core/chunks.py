@@ -15,6 +15,9 @@ import orjson
 
 from proxy.detect import Verdict
 
+#: vLLM's own loop stop (``repetition_detection``): the finish reason of a choice it ended.
+ENGINE_REPETITION = "repetition"
+
 #: Channels of a chat delta whose text the detector watches, in the order they are fed.
 #: ``reasoning_content`` is the pre-PR-#27752 name of vLLM's ``reasoning``; both are accepted.
 REASONING_KEYS = ("reasoning", "reasoning_content")

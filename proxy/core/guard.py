@@ -30,9 +30,11 @@ import orjson
 
 from proxy.core import channels, chunks
 from proxy.core.channels import Channel, SideChannels
-from proxy.core.chunks import Piece
+from proxy.core.chunks import ENGINE_REPETITION, Piece
+from proxy.core.reassemble import chat_response
 from proxy.core.records import ChoiceRecord, DetectionAction, Endpoint, Outcome
 from proxy.core.sse import DONE, DONE_EVENT, MAX_EVENT_BYTES, SSEParser, encode_data
+from proxy.core.surfaces import SURFACES
 from proxy.detect import Detector, Summary, Verdict
 from proxy.errors import GuardError, UpstreamError
 
@@ -43,7 +45,6 @@ Mode = Literal["enforce", "monitor", "off", "heal"]
 
 #: vLLM's own loop stop (``repetition_detection``): the engine did the guard's job, so the client
 #: sees it as ``GUARD_ABORT_FINISH_REASON`` says while metrics keep the engine's reason.
-ENGINE_REPETITION = "repetition"
 
 __all__ = ["BlockState", "ChoiceState", "GuardPolicy", "Mode", "StreamGuard", "Surface"]
 
@@ -639,8 +640,6 @@ class _ChatSurface:
         return encode_data(error.to_json()) + DONE_EVENT
 
     def response(self, guard: StreamGuard, trim: bool) -> dict[str, Any]:
-        from proxy.core.reassemble import chat_response
-
         return chat_response(guard, trim=trim)
 
 
@@ -651,6 +650,4 @@ def surface_for(endpoint: Endpoint) -> Surface:
     """The surface that relays ``endpoint``."""
     if endpoint in ("chat", "completions"):
         return CHAT
-    from proxy.core.surfaces import SURFACES
-
     return SURFACES[endpoint]

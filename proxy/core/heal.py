@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from proxy.core import chunks
-from proxy.core.chunks import Piece
-from proxy.core.guard import ENGINE_REPETITION, BlockState, GuardPolicy, StreamGuard
+from proxy.core.chunks import ENGINE_REPETITION, Piece
+from proxy.core.guard import BlockState, GuardPolicy, StreamGuard
+from proxy.core.reassemble import chat_response
 from proxy.core.records import ChoiceRecord, Endpoint
 from proxy.core.sse import DONE, DONE_EVENT, encode_data
 from proxy.detect import Detector, Summary, Verdict
@@ -745,8 +746,6 @@ class HealGuard(StreamGuard):
         it gave up), as the first response."""
         if self.carry.attempt == 0 and not self.gave_up:
             return super().response(endpoint, trim=trim)
-        from proxy.core.reassemble import chat_response
-
         state = self.choices.get(0)
         if state is None:
             state = self.new_block(0)

@@ -1,6 +1,7 @@
 """Non-streamed answers rebuilt from the stream the guard read.
 
-The proxy asks the engine for a stream even when the client did not, so it can stop a loop
+Chat and completions here; the Responses and Messages objects are built by their surfaces
+(:mod:`proxy.core.surfaces`). The proxy asks the engine for a stream even when the client did not, so it can stop a loop
 early; a non-streaming client then gets the JSON object the engine would have answered with,
 built here from what :class:`proxy.core.guard.StreamGuard` collected. Where the guard aborted, the
 aborted block is cut at the detector's ``onset_char`` when ``trim`` is set (the loop itself is
@@ -13,11 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from proxy.core import chunks
-from proxy.core.guard import ENGINE_REPETITION
-from proxy.core.surfaces import messages, responses
+from proxy.core.chunks import ENGINE_REPETITION
 
 if TYPE_CHECKING:
     from proxy.core.guard import StreamGuard
@@ -93,76 +91,4 @@ def chat_response(guard: StreamGuard, *, trim: bool) -> dict[str, Any]:
         out["usage"] = guard.final_usage()
     else:
         out["usage"] = guard.usage
-    return out
-
-
-def responses_response(guard: StreamGuard, *, trim: bool) -> dict[str, Any]:
-    """The Response object: the engine's own (from its terminal event) when the guard let the
-    stream finish, else the guard's ``incomplete`` one (trimmed at the onset when ``trim``)."""
-    rs = guard.extra
-    aborted = next((s for s in guard.choices.values() if s.action == "aborted"), None)
-    if aborted is not None:
-        return responses.incomplete_response(guard, aborted, trim=trim)
-    if isinstance(rs, responses.ResponsesState) and rs.final is not None:
-        return rs.final
-    out = dict(guard.template or {})
-    out["output"] = []
-    out["usage"] = responses.usage(guard)
-    return out
-
-
-def messages_response(guard: StreamGuard, *, trim: bool) -> dict[str, Any]:
-    """The Message object, with its content blocks rebuilt from the deltas."""
-    ms = guard.extra
-    if not isinstance(ms, messages.MessagesState):
-        ms = messages.MessagesState()
-    state = guard.choices.get(0)
-    cut = None
-    verdict = state.verdict if state is not None and state.action == "aborted" else None
-    if trim and verdict is not None:
-        cut = verdict.onset_char
-    texts: dict[int, list[str]] = {}
-    for offset, piece in state.pieces if state is not None else ():
-        text = piece.text
-        if cut is not None:
-            if offset >= cut:
-                break
-            text = text[: cut - offset]
-        texts.setdefault(piece.tool_index, []).append(text)
-    content = []
-    for index in sorted(ms.blocks):
-        block = dict(ms.blocks[index])
-        text = "".join(texts.get(index, ()))
-        kind = block.get("type")
-        if kind == "text":
-            block["text"] = text
-        elif kind == "thinking":
-            block["thinking"] = text
-        elif kind == "tool_use":
-            try:
-                block["input"] = orjson.loads(text) if text else {}
-            except orjson.JSONDecodeError:
-                block["input"] = {}  # cut inside the arguments: nothing callable is left
-        content.append(block)
-    out: dict[str, Any] = {}
-    for key, value in (ms.message or {}).items():  # the engine's key order
-        if key == "content":
-            out["content"] = content
-        elif key != "stop_sequence":
-            out[key] = value
-    out.setdefault("content", content)
-    if verdict is not None and state is not None:
-        delta = messages.abort_delta(guard, state, verdict)["delta"]
-        out["stop_reason"] = delta["stop_reason"]
-        if "stop_details" in delta:
-            out["stop_details"] = delta["stop_details"]
-        out["usage"] = messages.usage(guard)
-        out["guard"] = delta["guard"]
-        return out
-    out["stop_reason"] = ms.stop_reason
-    if ms.stop_sequence is not None:
-        out["stop_sequence"] = ms.stop_sequence
-    usage = dict(out.get("usage") or {})
-    usage.update(ms.usage or {})
-    out["usage"] = usage or messages.usage(guard)
     return out

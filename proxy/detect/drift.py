@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 
-from proxy.detect.ending import OPENING_MAX, fallback_languages
 from proxy.detect.script import scripts_of_language
 from proxy.detect.types import DetectorConfig
 
@@ -34,6 +33,21 @@ _GROUP = {code: group for group in _CLOSE_LANGUAGES for code in group}
 
 _LATIN_LETTER = re.compile(r"[A-Za-z]")
 _CODE_SYMBOLS = re.compile(r"[{}();=$<>\[\]]")
+
+
+#: Without a request language: the longest opening (characters) that can still be a restated
+#: prompt before the answer falls back to another language.
+OPENING_MAX = 500
+
+
+def fallback_languages(reference: str) -> frozenset[str]:
+    """The languages a model drifts into from ``reference``: English, the language most of its
+    training text is in, and Chinese for the models trained on much of it (the drift users
+    report: Qwen #543, DeepSeek-V3 #1045). A text that moves *from* English into another
+    language is a localised document, not drift, so nothing counts from English."""
+    if reference == "en":
+        return frozenset()
+    return frozenset({"en"}) if reference in ("zh", "ja", "ko") else frozenset({"en", "zh"})
 
 
 def code_like(text: str) -> bool:

@@ -27,6 +27,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from proxy.detect.drift import OPENING_MAX, code_like, fallback_languages, same_language
 from proxy.detect.repetition import PeriodicTail, periodic_tail
 
 # Sentence-sized units: up to a sentence end (Latin and CJK punctuation) or a line break.
@@ -43,19 +44,6 @@ UNIT_MIN = 24
 UNIT_CONFIDENCE = 0.7
 #: Identified weight the foreign text must reach.
 FOREIGN_MIN = 100
-#: Without a request language: the longest opening (characters) that can still be a restated
-#: prompt before the answer falls back to another language.
-OPENING_MAX = 500
-
-
-def fallback_languages(reference: str) -> frozenset[str]:
-    """The languages a model drifts into from ``reference``: English, the language most of its
-    training text is in, and Chinese for the models trained on much of it (the drift users
-    report: Qwen #543, DeepSeek-V3 #1045). A text that moves *from* English into another
-    language is a localised document, not drift, so nothing counts from English."""
-    if reference == "en":
-        return frozenset()
-    return frozenset({"en"}) if reference in ("zh", "ja", "ko") else frozenset({"en", "zh"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +73,6 @@ def words_in(unit: str) -> int:
 
 def identified_units(text: str) -> list[Unit]:
     """Cut ``text`` into sentence-sized units (short ones merged forward) and identify each."""
-    from proxy.detect.drift import code_like
     from proxy.detect.language import classify, strip_noise
 
     units: list[Unit] = []
@@ -125,8 +112,6 @@ def identified_units(text: str) -> list[Unit]:
 def final_drift(text: str, expected: str | None, *, offset: int = 0) -> tuple[float, int] | None:
     """(foreign share, onset offset in ``text``) when the finished ``text`` has drifted;
     ``offset`` is how much of the stream came before ``text``."""
-    from proxy.detect.drift import same_language
-
     units = identified_units(text)
     known = [u for u in units if u.code is not None]
     if not known:

@@ -214,12 +214,3 @@ class Summary:
     lexical_diversity: float | None
     token_entropy: float | None
     verdict: Verdict | None
-
-
-def __getattr__(name: str) -> object:
-    """``Detector`` lives in :mod:`proxy.detect.detector`; re-exported here for the contract."""
-    if name == "Detector":
-        from proxy.detect.detector import Detector
-
-        return Detector
-    raise AttributeError(name)

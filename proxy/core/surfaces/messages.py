@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from proxy.core import chunks
 from proxy.core.channels import channel_of
 from proxy.core.chunks import Piece
@@ -179,8 +181,6 @@ class _Messages:
         return error_event(error)
 
     def response(self, guard: StreamGuard, trim: bool) -> dict[str, Any]:
-        from proxy.core.reassemble import messages_response
-
         return messages_response(guard, trim=trim)
 
 
@@ -210,3 +210,60 @@ def usage(guard: StreamGuard) -> dict[str, Any]:
 
 
 MESSAGES = _Messages()
+
+
+def messages_response(guard: StreamGuard, *, trim: bool) -> dict[str, Any]:
+    """The Message object, with its content blocks rebuilt from the deltas."""
+    ms = guard.extra
+    if not isinstance(ms, MessagesState):
+        ms = MessagesState()
+    state = guard.choices.get(0)
+    cut = None
+    verdict = state.verdict if state is not None and state.action == "aborted" else None
+    if trim and verdict is not None:
+        cut = verdict.onset_char
+    texts: dict[int, list[str]] = {}
+    for offset, piece in state.pieces if state is not None else ():
+        text = piece.text
+        if cut is not None:
+            if offset >= cut:
+                break
+            text = text[: cut - offset]
+        texts.setdefault(piece.tool_index, []).append(text)
+    content = []
+    for index in sorted(ms.blocks):
+        block = dict(ms.blocks[index])
+        text = "".join(texts.get(index, ()))
+        kind = block.get("type")
+        if kind == "text":
+            block["text"] = text
+        elif kind == "thinking":
+            block["thinking"] = text
+        elif kind == "tool_use":
+            try:
+                block["input"] = orjson.loads(text) if text else {}
+            except orjson.JSONDecodeError:
+                block["input"] = {}  # cut inside the arguments: nothing callable is left
+        content.append(block)
+    out: dict[str, Any] = {}
+    for key, value in (ms.message or {}).items():  # the engine's key order
+        if key == "content":
+            out["content"] = content
+        elif key != "stop_sequence":
+            out[key] = value
+    out.setdefault("content", content)
+    if verdict is not None and state is not None:
+        delta = abort_delta(guard, state, verdict)["delta"]
+        out["stop_reason"] = delta["stop_reason"]
+        if "stop_details" in delta:
+            out["stop_details"] = delta["stop_details"]
+        out["usage"] = usage(guard)
+        out["guard"] = delta["guard"]
+        return out
+    out["stop_reason"] = ms.stop_reason
+    if ms.stop_sequence is not None:
+        out["stop_sequence"] = ms.stop_sequence
+    totals = dict(out.get("usage") or {})
+    totals.update(ms.usage or {})
+    out["usage"] = totals or usage(guard)
+    return out

@@ -298,8 +298,6 @@ class _Responses:
         )
 
     def response(self, guard: StreamGuard, trim: bool) -> dict[str, Any]:
-        from proxy.core.reassemble import responses_response
-
         return responses_response(guard, trim=trim)
 
 
@@ -378,3 +376,18 @@ def usage(guard: StreamGuard) -> dict[str, Any]:
 
 
 RESPONSES = _Responses()
+
+
+def responses_response(guard: StreamGuard, *, trim: bool) -> dict[str, Any]:
+    """The Response object: the engine's own (from its terminal event) when the guard let the
+    stream finish, else the guard's ``incomplete`` one (trimmed at the onset when ``trim``)."""
+    rs = guard.extra
+    aborted = next((s for s in guard.choices.values() if s.action == "aborted"), None)
+    if aborted is not None:
+        return incomplete_response(guard, aborted, trim=trim)
+    if isinstance(rs, ResponsesState) and rs.final is not None:
+        return rs.final
+    out = dict(guard.template or {})
+    out["output"] = []
+    out["usage"] = usage(guard)
+    return out

@@ -1,0 +1,157 @@
+"""The package layout is the architecture: a walk of the import graph keeps it honest.
+
+* No import circles anywhere in ``proxy`` (imports under ``if TYPE_CHECKING:`` are left out:
+  they never run). A circle means two modules are one module split in the wrong place.
+* The pure layers (:mod:`proxy.detect`, :mod:`proxy.core`) import no I/O library and nothing of
+  the shell above them, so a folder name says which code is pure.
+* Layers only import downwards: ``cli`` → ``server`` → ``observability`` → ``core`` →
+  ``detect``, with ``settings`` and ``errors`` as the vocabulary every layer shares.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "proxy"
+
+#: Lower index = lower layer; a module may import its own layer and the ones below.
+LAYERS = ["detect", "errors", "core", "settings", "observability", "server", "cli"]
+IO_LIBRARIES = {
+    "asyncio", "socket", "ssl", "subprocess", "httpx", "httptools", "uvicorn", "starlette",
+    "fastapi", "prometheus_client", "aiohttp", "urllib.request",
+}  # fmt: skip
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(module: str) -> set[str]:
+    """Every module ``module`` imports when it runs (at import time or inside a function)."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for sub in child.orelse:
+                    visit(sub)
+                continue
+            if isinstance(child, ast.Import):
+                found.update(alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    anchor = package.split(".")
+                    anchor = anchor[: len(anchor) - child.level + 1]
+                    base = ".".join([*anchor, base]) if base else ".".join(anchor)
+                found.add(base)
+                found.update(f"{base}.{alias.name}" for alias in child.names)
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _internal_edges(module: str) -> set[str]:
+    return {name for name in _imports(module) if name in MODULES and name != module}
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    graph = {m: _internal_edges(m) for m in MODULES}
+    # a package's __init__ importing its own submodules is how packages re-export; the
+    # submodules importing the package's names back would be the circle, and counts
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            strong(v)
+    return out
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_the_walk_sees_the_package() -> None:
+    """The walk reads real edges (a walk that found nothing would pass every test below)."""
+    assert "proxy.core.guard" in MODULES and "proxy.server.guarded" in MODULES
+    assert "proxy.core.guard" in _internal_edges("proxy.server.guarded")
+
+
+def test_no_import_circles() -> None:
+    assert _cycles() == []
+
+
+@pytest.mark.parametrize("layer", ["detect", "core"])
+def test_pure_layers_do_no_io(layer: str) -> None:
+    offenders = {
+        module: sorted(
+            name for name in _imports(module)
+            if name.split(".")[0] in IO_LIBRARIES or name in IO_LIBRARIES
+        )
+        for module in MODULES
+        if _layer(module) == layer
+    }  # fmt: skip
+    assert {m: names for m, names in offenders.items() if names} == {}
+
+
+def test_layers_import_only_downwards() -> None:
+    upward = []
+    for module in MODULES:
+        own = _layer(module)
+        if own is None:
+            continue
+        for target in _internal_edges(module):
+            other = _layer(target)
+            if other is not None and LAYERS.index(other) > LAYERS.index(own):
+                upward.append(f"{module} -> {target}")
+    assert upward == []
