@@ -4,8 +4,9 @@ Chat and completions here; the Responses and Messages objects are built by their
 (:mod:`proxy.core.surfaces`). The proxy asks the engine for a stream even when the client did
 not, so it can stop a loop early; a non-streaming client then gets the JSON object the engine
 would have answered with, built here from what :class:`proxy.core.guard.StreamGuard` collected.
-Where the guard aborted, the aborted block is cut at the detector's ``onset_char`` when ``trim`` is set (the loop itself is
-not worth returning), and ends the way the surface reports a stop it did not choose.
+Where the guard aborted, the aborted block is cut at the detector's ``onset_char`` when ``trim``
+is set (the loop itself is not worth returning), and ends the way the surface reports a stop it
+did not choose.
 
 Pure: state in, dict out.
 """
