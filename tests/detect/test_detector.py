@@ -7,7 +7,6 @@ import dataclasses
 import pytest
 
 from proxy.detect import Detector, DetectorConfig, Summary, Verdict
-from proxy.detect import types as detect_types
 from proxy.settings import load_detector_config
 from tests.detect.conftest import stream
 from tests.detect.texts import ENGLISH, as_deltas, varied_words
@@ -104,12 +103,6 @@ def test_structured_output_relaxes_repetition() -> None:
     assert stream(text, structured=True).verdict is None
     assert stream("[\n" + rows).verdict is None  # output that opens with a bracket is JSON
     assert stream(text).verdict is None  # lines of code/data, unfenced
-
-
-def test_types_module_re_exports_the_detector() -> None:
-    assert detect_types.Detector is Detector  # type: ignore[attr-defined]
-    with pytest.raises(AttributeError):
-        _ = detect_types.NoSuchName  # type: ignore[attr-defined]
 
 
 def test_every_knob_is_a_simple_type_and_read_from_guard_env(
