@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.core.language_rule import LANGUAGE_INSTRUCTIONS
 from proxy.core.requested_language import derive, explicit_requests, prompt_language
-from proxy.core.rewrite import LANGUAGE_INSTRUCTIONS
 
 
 @pytest.mark.parametrize(

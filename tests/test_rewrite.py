@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from proxy.core.language_rule import language_instruction
 from proxy.core.records import Endpoint
 from proxy.core.rewrite import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     RewritePolicy,
-    language_instruction,
     rewrite_request,
 )
 from proxy.errors import BadRequest

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from proxy.core.rewrite import LANGUAGE_INSTRUCTIONS
+from proxy.core.language_rule import LANGUAGE_INSTRUCTIONS
 from tests.e2e.support import (
     GREEDY,
     LOOP_PROMPTS,

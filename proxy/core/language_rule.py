@@ -1,0 +1,159 @@
+"""The instruction that asks the model for a language, and where it goes in each surface's request.
+
+An explicit instruction in the user's own language measurably reduces drift into English (or
+Chinese) on long answers; it is written in that language where a native sentence is known, else
+in English naming the language. Chat gets it in its system message, Responses in
+``instructions``, Messages in ``system``; completions get none (their prompt is raw text the
+proxy must not edit). :func:`request_texts` reads the texts the expected language is derived
+from (:mod:`proxy.core.requested_language`). Pure: dicts in, dicts out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.core.records import Endpoint
+from proxy.core.requested_language import Expectation
+
+LANGUAGE_INSTRUCTIONS: Mapping[str, str] = {
+    "en": "Respond only in English. Do not use any other language.",
+    "it": "Rispondi esclusivamente in italiano. Non usare altre lingue.",
+    "fr": "Réponds uniquement en français. N'utilise aucune autre langue.",
+    "de": "Antworte ausschließlich auf Deutsch. Verwende keine andere Sprache.",
+    "es": "Responde únicamente en español. No uses ningún otro idioma.",
+    "pt": "Responda exclusivamente em português. Não use nenhum outro idioma.",
+    "nl": "Antwoord uitsluitend in het Nederlands. Gebruik geen andere taal.",
+    "pl": "Odpowiadaj wyłącznie po polsku. Nie używaj żadnego innego języka.",
+    "ru": "Отвечай только на русском языке. Не используй другие языки.",
+    "uk": "Відповідай лише українською мовою. Не використовуй інших мов.",
+    "zh": "请只用中文回答。不要使用其他语言。",
+    "ja": "日本語のみで回答してください。他の言語は使用しないでください。",
+    "ko": "한국어로만 답변하세요. 다른 언어를 사용하지 마세요.",
+    "tr": "Yalnızca Türkçe yanıt ver. Başka bir dil kullanma.",
+    "sv": "Svara endast på svenska. Använd inget annat språk.",
+    "cs": "Odpovídej výhradně česky. Nepoužívej žádný jiný jazyk.",
+    "hi": "केवल हिंदी में उत्तर दें। किसी अन्य भाषा का उपयोग न करें।",
+    "ar": "أجب باللغة العربية فقط. لا تستخدم أي لغة أخرى.",
+    "id": "Jawablah hanya dalam bahasa Indonesia. Jangan gunakan bahasa lain.",
+    "vi": "Chỉ trả lời bằng tiếng Việt. Không sử dụng ngôn ngữ nào khác.",
+    "th": "ตอบเป็นภาษาไทยเท่านั้น ห้ามใช้ภาษาอื่น",
+    "el": "Απάντησε μόνο στα ελληνικά. Μη χρησιμοποιείς καμία άλλη γλώσσα.",
+    "he": "ענה רק בעברית. אל תשתמש בשום שפה אחרת.",
+    "fa": "فقط به زبان فارسی پاسخ بده. از هیچ زبان دیگری استفاده نکن.",
+}
+
+
+#: English names for the languages that get the English fallback sentence.
+LANGUAGE_NAMES: Mapping[str, str] = {
+    "ar": "Arabic", "bg": "Bulgarian", "ca": "Catalan", "da": "Danish", "el": "Greek",
+    "et": "Estonian", "fa": "Persian", "fi": "Finnish", "he": "Hebrew", "hi": "Hindi",
+    "hr": "Croatian", "hu": "Hungarian", "id": "Indonesian", "lt": "Lithuanian", "lv": "Latvian",
+    "ms": "Malay", "no": "Norwegian", "ro": "Romanian", "sk": "Slovak", "sl": "Slovenian",
+    "sr": "Serbian", "th": "Thai", "vi": "Vietnamese", "bn": "Bengali", "ta": "Tamil",
+    "ur": "Urdu", "sw": "Swahili", "eu": "Basque", "gl": "Galician", "is": "Icelandic",
+}  # fmt: skip
+
+
+def language_instruction(code: str) -> str:
+    """The instruction for ``code``, in that language where we have it, else in English."""
+    if code in LANGUAGE_INSTRUCTIONS:
+        return LANGUAGE_INSTRUCTIONS[code]
+    name = LANGUAGE_NAMES.get(code, f"the language with ISO 639-1 code '{code}'")
+    return f"Respond only in {name}. Do not use any other language."
+
+
+def constrain_surface_language(
+    body: dict[str, Any], endpoint: Endpoint, setting: str, expectation: Expectation
+) -> str | None:
+    """The language constraint in ``instructions`` (Responses) or ``system`` (Messages)."""
+    code = expectation.code
+    if setting == "off" or code is None:
+        return None
+    instruction = language_instruction(code)
+    key = "instructions" if endpoint == "responses" else "system"
+    current = body.get(key)
+    if isinstance(current, str) and current:
+        if instruction not in current:
+            body[key] = f"{current}\n\n{instruction}"
+    elif isinstance(current, list):
+        body[key] = [*current, {"type": "text", "text": instruction}]
+    else:
+        body[key] = instruction
+    return code
+
+
+def constrain_language(
+    body: dict[str, Any], endpoint: Endpoint, setting: str, expectation: Expectation
+) -> str | None:
+    """Inject the expected language's instruction (chat only; the language whose instruction
+    was injected, or None). Completions get none: their prompt is raw text we must not edit."""
+    code = expectation.code
+    if setting == "off" or code is None or endpoint != "chat":
+        return None
+    add_system_instruction(body, language_instruction(code))
+    return code
+
+
+def request_texts(body: dict[str, Any], endpoint: Endpoint) -> tuple[list[str], str]:
+    """(system/developer texts, the last user turn's text) of any surface's request."""
+    if endpoint == "completions":
+        prompt = body.get("prompt")
+        return [], prompt if isinstance(prompt, str) else ""
+    instructions: list[str] = []
+    if endpoint == "responses":
+        given = body.get("instructions")
+        if isinstance(given, str):
+            instructions.append(given)
+        turns = body.get("input")
+        if isinstance(turns, str):
+            return instructions, turns
+    elif endpoint == "messages":
+        system = body.get("system")
+        if isinstance(system, str):
+            instructions.append(system)
+        elif isinstance(system, list):
+            instructions.append(message_text({"content": system}))
+        turns = body.get("messages")
+    else:
+        turns = body.get("messages")
+    last_user = ""
+    for message in turns if isinstance(turns, list) else ():
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        if role in ("system", "developer"):
+            instructions.append(message_text(message))
+        elif role == "user":
+            last_user = message_text(message)
+    return instructions, last_user
+
+
+def message_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def add_system_instruction(body: dict[str, Any], instruction: str) -> None:
+    messages = list(body["messages"])
+    first = messages[0]
+    if first.get("role") in ("system", "developer"):
+        content = first.get("content")
+        if isinstance(content, str):
+            if instruction not in content:
+                messages[0] = {**first, "content": f"{content}\n\n{instruction}".lstrip()}
+        elif isinstance(content, list):
+            messages[0] = {**first, "content": [*content, {"type": "text", "text": instruction}]}
+        else:
+            messages[0] = {**first, "content": instruction}
+    else:
+        messages.insert(0, {"role": "system", "content": instruction})
+    body["messages"] = messages
