@@ -19,7 +19,9 @@ from prometheus_client import Counter, Histogram
 
 from proxy.core.records import ChoiceRecord, GenerationRecord
 from proxy.detect import SIGNALS, Summary, Verdict
-from proxy.observability.metrics import OTHER, CappedLabel, Metrics, prepare_multiprocess
+from proxy.observability.labels import OTHER, CappedLabel
+from proxy.observability.metrics import Metrics
+from proxy.observability.multiprocess import prepare_multiprocess
 from tests.exposition_server import families, parse, value
 from tests.fakes.vllm import FakeVLLM, Script
 from tests.net import free_port, wait_healthy
@@ -401,7 +403,8 @@ def test_from_settings_uses_cap_and_configured_models() -> None:
 _WORKER = textwrap.dedent(
     """
     import sys
-    from proxy.observability.metrics import Metrics, multiprocess_enabled
+    from proxy.observability.metrics import Metrics
+    from proxy.observability.multiprocess import multiprocess_enabled
     from proxy.core.records import GenerationRecord
     assert multiprocess_enabled()
     m = Metrics()

@@ -405,7 +405,8 @@ def test_access_log_asked_for_is_written_at_warning_level(
 
 
 _DEAD_WORKER = """
-from proxy.observability.metrics import Metrics, multiprocess_enabled
+from proxy.observability.metrics import Metrics
+from proxy.observability.multiprocess import multiprocess_enabled
 assert multiprocess_enabled()
 m = Metrics()
 m.stream_opened()

@@ -7,7 +7,8 @@ import logging
 import httpx
 import pytest
 
-from proxy.observability.metrics import OTHER, Metrics
+from proxy.observability.labels import OTHER
+from proxy.observability.metrics import Metrics
 from proxy.server.engine_context import EngineContexts
 from proxy.server.engine_watch import (
     EngineMonitor,

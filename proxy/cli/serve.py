@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         log.warning("%s", warning)
     report_startup(settings, upstream_given="GUARD_UPSTREAM_URL" in os.environ)
 
-    from proxy.observability.metrics import MULTIPROC_ENV, prepare_multiprocess
+    from proxy.observability.multiprocess import MULTIPROC_ENV, prepare_multiprocess
 
     # Several workers share their counters through prometheus-client's multiprocess mode; an
     # operator's PROMETHEUS_MULTIPROC_DIR puts even one worker in it, so what a previous process

@@ -6,36 +6,20 @@ team scrapes everywhere; ``/metrics/quality`` (``guard_*`` without the ``proxy_`
 model/decoding plane, whose names are a contract with dashboards, alerts and users' queries.
 A family lives in exactly one of them (tests check it).
 
-Hot-path rules this module keeps:
-
-* Quality metrics are touched once per stream end (:meth:`Metrics.record_generation`), infra
-  metrics through a handful of cheap counters; nothing here runs per token.
-* Every labelled child is looked up once and cached in a plain dict keyed by the label tuple,
-  so a hot call is one dict lookup plus an ``inc``/``observe`` (prometheus-client's ``labels()``
-  validates and takes a lock on every call).
-* Label values come from small fixed sets (outcomes, actions, finish reasons, the detector's
-  ``SIGNALS``); anything else is ``other``. Free-form values (model names, languages, routes)
-  pass through :class:`CappedLabel`: the first N distinct values are kept, anything after
-  that, or anything that does not look like a label value, becomes ``other``, so a client
-  sending random model names cannot blow up the series count. Model names are bounded further
-  by the engine's own ``/v1/models`` once the engine watcher has read it
-  (:meth:`Metrics.set_engine_models`): a name the engine does not serve is ``other``.
-
-With ``--workers N > 1`` each worker is its own process and would expose only its own counts;
-prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set up by
-:func:`prepare_multiprocess` before the workers start) keeps values in shared mmap files and
-merges them at scrape time. Both registries are then rendered from the same files, filtered by
-family name, so the two-path split holds there too.
+Hot-path rules this module keeps: quality metrics are touched once per stream end
+(:meth:`Metrics.record_generation`), infra metrics through a handful of cheap counters, nothing
+per token; labelled children are cached and label values bounded (:mod:`.labels`); model names
+are bounded further by the engine's own ``/v1/models`` once the engine watcher has read it
+(:meth:`Metrics.set_engine_models`). With several workers the counts are merged across processes
+(:mod:`.multiprocess`).
 """
 
 from __future__ import annotations
 
-import glob
 import os
 import re
-import tempfile
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Final, Generic, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
 
 from prometheus_client import (
     CollectorRegistry,
@@ -45,20 +29,21 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
     generate_latest,
-    values,
 )
-from prometheus_client.metrics import MetricWrapperBase
-from prometheus_client.multiprocess import MultiProcessCollector
-from prometheus_client.registry import Collector
 
 from proxy.core.channels import CHANNELS
 from proxy.core.records import ChoiceRecord, GenerationRecord
 from proxy.core.requested_language import SOURCES
 from proxy.detect import SIGNALS
+from proxy.observability.labels import OTHER, CappedLabel, Children, fixed
+from proxy.observability.multiprocess import (
+    MULTIPROC_ENV,
+    MultiProcessFamilies,
+    family_names,
+    multiprocess_enabled,
+)
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
-OTHER: Final = "other"
-MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 
 OUTCOMES: Final = frozenset({"completed", "aborted", "client_disconnected", "upstream_error"})
 ENDPOINTS: Final = frozenset({"chat", "completions", "responses", "messages"})
@@ -110,127 +95,6 @@ TTFT_BUCKETS: Final = (
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 _GLOB = re.compile(r"[*?\[]")
-_LABEL_VALUE = re.compile(r"[A-Za-z0-9/][A-Za-z0-9_.:/@+\-]{0,127}")
-
-M = TypeVar("M", bound=MetricWrapperBase)
-
-
-class CappedLabel:
-    """Maps free-form values to a bounded label set: first ``cap`` distinct values, then ``other``.
-
-    ``initial`` values (configured models, say) are admitted up front and count toward the cap.
-    Values that do not look like identifiers (spaces, control characters, > 128 chars) are
-    ``other`` straight away: they are almost always junk sent by a client.
-
-    Once :meth:`restrict` names the values that may exist (the models the engine lists), only
-    those get a label of their own, so junk cannot take the cap's places before real values
-    arrive; values already admitted that are not in it become ``other`` from then on (their
-    existing series stay, frozen).
-    """
-
-    __slots__ = ("_allowed", "_cap", "_seen")
-
-    def __init__(self, cap: int, initial: Iterable[str] = ()) -> None:
-        self._cap = cap
-        self._seen: set[str] = set()
-        self._allowed: frozenset[str] | None = None
-        for value in initial:
-            self(value)
-
-    def __call__(self, value: str | None) -> str:
-        if value is None:
-            return OTHER
-        if value in self._seen:
-            return value
-        if len(self._seen) >= self._cap or not _LABEL_VALUE.fullmatch(value):
-            return OTHER
-        if self._allowed is not None and value not in self._allowed:
-            return OTHER
-        self._seen.add(value)
-        return value
-
-    def restrict(self, allowed: Iterable[str]) -> None:
-        """From now on only ``allowed`` values get a label (still at most ``cap`` of them)."""
-        self._allowed = frozenset(allowed)
-        self._seen &= self._allowed
-
-    @property
-    def seen(self) -> frozenset[str]:
-        return frozenset(self._seen)
-
-
-class _Children(Generic[M]):
-    """A labelled metric with its children cached by label tuple (see module docstring)."""
-
-    __slots__ = ("_cache", "_metric")
-
-    def __init__(self, metric: M) -> None:
-        self._metric = metric
-        self._cache: dict[tuple[str, ...], M] = {}
-
-    def __call__(self, *labels: str) -> M:
-        child = self._cache.get(labels)
-        if child is None:
-            child = self._cache[labels] = self._metric.labels(*labels)
-        return child
-
-
-def _fixed(value: str | None, allowed: frozenset[str]) -> str:
-    if value is not None and value in allowed:
-        return value
-    return OTHER
-
-
-def _family_names(registry: CollectorRegistry) -> frozenset[str]:
-    return frozenset(family.name for family in registry.collect())
-
-
-class _MultiProcessFamilies(Collector):
-    """Merges the workers' mmap files and yields only the families of one registry."""
-
-    def __init__(self, path: str, names: frozenset[str]) -> None:
-        self._path = path
-        self._names = names
-
-    def collect(self) -> Iterator[Any]:
-        files = glob.glob(os.path.join(self._path, "*.db"))
-        merged: Iterable[Any] = MultiProcessCollector.merge(  # type: ignore[no-untyped-call]
-            files, accumulate=True
-        )
-        for family in merged:
-            if family.name in self._names:
-                yield family
-
-
-def multiprocess_enabled() -> bool:
-    """True when prometheus-client chose mmap-backed values (env set before it was imported)."""
-    return bool(getattr(values.ValueClass, "_multiprocess", False)) and bool(
-        os.environ.get(MULTIPROC_ENV)
-    )
-
-
-def prepare_multiprocess(workers: int) -> str | None:
-    """Call in the parent before the server starts its worker process(es).
-
-    With ``PROMETHEUS_MULTIPROC_DIR`` set by the operator, its stale ``*.db`` files are removed
-    whatever the number of workers: prometheus-client reads every file in the directory, so a
-    previous process's files (a container restarted on the same Kubernetes ``emptyDir``) would
-    add its counts to this run's and keep its gauges — streams "in flight" that died with it.
-    Unset, ``workers`` > 1 gets a fresh temporary directory (workers inherit the environment and
-    pick mmap values when they import prometheus-client) and one worker needs none. Returns the
-    directory in use, or ``None`` when there is none.
-    """
-    path = os.environ.get(MULTIPROC_ENV)
-    if path:
-        os.makedirs(path, exist_ok=True)
-        for stale in glob.glob(os.path.join(path, "*.db")):
-            os.remove(stale)
-    elif workers > 1:
-        path = tempfile.mkdtemp(prefix="coherence-guard-metrics-")
-        os.environ[MULTIPROC_ENV] = path
-    else:
-        return None
-    return path
 
 
 class Metrics:
@@ -248,7 +112,7 @@ class Metrics:
         q = self.quality_registry
         model_signal = ("model", "signal")
 
-        self._generations = _Children(
+        self._generations = Children(
             Counter(
                 "guard_generations",
                 "Generations (requests) that ended, by outcome.",
@@ -256,7 +120,7 @@ class Metrics:
                 registry=q,
             )
         )
-        self._detections = _Children(
+        self._detections = Children(
             Counter(
                 "guard_detections",
                 "Choices judged degenerate, by signal; action=observed in monitor mode.",
@@ -264,7 +128,7 @@ class Metrics:
                 registry=q,
             )
         )
-        self._channel_detections = _Children(
+        self._channel_detections = Children(
             Counter(
                 "guard_channel_detections",
                 "Choices judged degenerate, by the channel the verdict fired on: content (the "
@@ -273,7 +137,7 @@ class Metrics:
                 registry=q,
             )
         )
-        self._abort_position = _Children(
+        self._abort_position = Children(
             Histogram(
                 "guard_abort_position_tokens",
                 "Completion tokens generated when degeneration was detected.",
@@ -282,7 +146,7 @@ class Metrics:
                 registry=q,
             )
         )
-        self._completion_tokens = _Children(
+        self._completion_tokens = Children(
             Histogram(
                 "guard_completion_tokens",
                 "Generated length per choice, in tokens.",
@@ -291,7 +155,7 @@ class Metrics:
                 registry=q,
             )
         )
-        self._finish_reason = _Children(
+        self._finish_reason = Children(
             Counter(
                 "guard_finish_reason",
                 "Choices by finish_reason; guard = aborted by the guard.",
@@ -299,7 +163,7 @@ class Metrics:
                 registry=q,
             )
         )
-        self._tokens_saved = _Children(
+        self._tokens_saved = Children(
             Counter(
                 "guard_tokens_saved",
                 "max_tokens minus tokens generated, summed over aborted choices.",
@@ -307,7 +171,7 @@ class Metrics:
                 registry=q,
             )
         )
-        self._max_tokens_rewritten = _Children(
+        self._max_tokens_rewritten = Children(
             Counter(
                 "guard_max_tokens_rewritten",
                 "Requests whose token limit the guard set (defaulted), lowered (clamped) or "
@@ -316,7 +180,7 @@ class Metrics:
                 registry=q,
             )
         )
-        self._language_constraint = _Children(
+        self._language_constraint = Children(
             Counter(
                 "guard_language_constraint",
                 "Requests into which a language instruction was injected.",
@@ -324,7 +188,7 @@ class Metrics:
                 registry=q,
             )
         )
-        self._language_expectation = _Children(
+        self._language_expectation = Children(
             Counter(
                 "guard_language_expectation",
                 "Guarded requests by where the expected answer language came from: the client's "
@@ -334,7 +198,7 @@ class Metrics:
                 registry=q,
             )
         )
-        self._repetition = _Children(
+        self._repetition = Children(
             Histogram(
                 "guard_repetition_score",
                 "Worst-window repetition score per choice (repeats of the periodic tail).",
@@ -343,7 +207,7 @@ class Metrics:
                 registry=q,
             )
         )
-        self._diversity = _Children(
+        self._diversity = Children(
             Histogram(
                 "guard_lexical_diversity",
                 "Worst-window lexical diversity per choice (distinct/total; low = looping).",
@@ -352,7 +216,7 @@ class Metrics:
                 registry=q,
             )
         )
-        self._entropy = _Children(
+        self._entropy = Children(
             Histogram(
                 "guard_token_entropy",
                 "Worst-window mean token entropy per choice, nats (low = collapsed).",
@@ -362,7 +226,7 @@ class Metrics:
             )
         )
 
-        self._heals = _Children(
+        self._heals = Children(
             Counter(
                 "guard_heals",
                 "Choices heal mode continued after a verdict (at least one continuation).",
@@ -370,7 +234,7 @@ class Metrics:
                 registry=q,
             )
         )
-        self._heal_attempts = _Children(
+        self._heal_attempts = Children(
             Counter(
                 "guard_heal_attempts",
                 "Continuation requests heal mode sent.",
@@ -378,7 +242,7 @@ class Metrics:
                 registry=q,
             )
         )
-        self._heal_successes = _Children(
+        self._heal_successes = Children(
             Counter(
                 "guard_heal_successes",
                 "Healed choices whose last continuation ended with stop and no verdict.",
@@ -386,7 +250,7 @@ class Metrics:
                 registry=q,
             )
         )
-        self._heal_discarded = _Children(
+        self._heal_discarded = Children(
             Counter(
                 "guard_heal_discarded_tokens",
                 "Generated tokens heal mode cut away (the loop after its onset).",
@@ -396,7 +260,7 @@ class Metrics:
         )
 
         i = self.infra_registry
-        self._requests = _Children(
+        self._requests = Children(
             Counter(
                 "guard_proxy_requests",
                 "HTTP requests through the proxy, by route and status.",
@@ -404,7 +268,7 @@ class Metrics:
                 registry=i,
             )
         )
-        self._duration = _Children(
+        self._duration = Children(
             Histogram(
                 "guard_proxy_request_duration_seconds",
                 "Request duration through the proxy, to the last byte.",
@@ -425,7 +289,7 @@ class Metrics:
             registry=i,
             multiprocess_mode="livesum",
         )
-        self._upstream_errors = _Children(
+        self._upstream_errors = Children(
             Counter(
                 "guard_proxy_upstream_errors",
                 "Upstream failures, by kind.",
@@ -433,7 +297,7 @@ class Metrics:
                 registry=i,
             )
         )
-        self._client_timeouts = _Children(
+        self._client_timeouts = Children(
             Counter(
                 "guard_proxy_client_timeouts",
                 "Requests ended by a bound: write = the client accepted no bytes for "
@@ -442,7 +306,7 @@ class Metrics:
                 registry=i,
             )
         )
-        self._kv_dtype = _Children(
+        self._kv_dtype = Children(
             Gauge(
                 "guard_upstream_kv_cache_dtype_info",
                 "KV cache dtype the upstream vLLM reports (1 = current).",
@@ -459,7 +323,7 @@ class Metrics:
             registry=i,
             multiprocess_mode="livemax",
         )
-        self._config_scrapes = _Children(
+        self._config_scrapes = Children(
             Counter(
                 "guard_proxy_upstream_config_scrapes",
                 "Scrapes of the upstream's /metrics for its configuration, by result.",
@@ -486,7 +350,7 @@ class Metrics:
         if self._multiprocess_path is None:
             return registry
         merged = CollectorRegistry(auto_describe=False)
-        merged.register(_MultiProcessFamilies(self._multiprocess_path, _family_names(registry)))
+        merged.register(MultiProcessFamilies(self._multiprocess_path, family_names(registry)))
         return merged
 
     # -- rendering ---------------------------------------------------------------------------
@@ -519,7 +383,7 @@ class Metrics:
         """Once per request, when its stream ends (any outcome)."""
         model = self._model(record.model)
         self._generations(
-            model, _fixed(record.endpoint, ENDPOINTS), _fixed(record.outcome, OUTCOMES)
+            model, fixed(record.endpoint, ENDPOINTS), fixed(record.outcome, OUTCOMES)
         ).inc()
         for choice in record.choices:
             self._record_choice(model, choice)
@@ -531,7 +395,7 @@ class Metrics:
         elif choice.finish_reason is None:
             reason = "none"
         else:
-            reason = _fixed(choice.finish_reason, FINISH_REASONS)
+            reason = fixed(choice.finish_reason, FINISH_REASONS)
         self._finish_reason(model, reason).inc()
         self._completion_tokens(model).observe(choice.completion_tokens)
 
@@ -545,10 +409,10 @@ class Metrics:
                 self._entropy(model).observe(summary.token_entropy)
             verdict = summary.verdict
             if verdict is not None and action is not None:
-                signal = _fixed(verdict.signal, _SIGNALS)
-                act = _fixed(action, DETECTION_ACTIONS)
+                signal = fixed(verdict.signal, _SIGNALS)
+                act = fixed(action, DETECTION_ACTIONS)
                 self._detections(model, signal, act).inc()
-                self._channel_detections(model, _fixed(verdict.channel, _CHANNELS), act).inc()
+                self._channel_detections(model, fixed(verdict.channel, _CHANNELS), act).inc()
                 self._abort_position(model, signal).observe(verdict.fired_at_token)
 
         if action == "aborted" and choice.max_tokens is not None:
@@ -569,7 +433,7 @@ class Metrics:
 
     def max_tokens_rewritten(self, model: str, action: str) -> None:
         """action in defaulted | clamped | rejected."""
-        self._max_tokens_rewritten(self._model(model), _fixed(action, MAX_TOKENS_ACTIONS)).inc()
+        self._max_tokens_rewritten(self._model(model), fixed(action, MAX_TOKENS_ACTIONS)).inc()
 
     def language_constraint(self, model: str, language: str) -> None:
         """A language instruction was injected into the request."""
@@ -578,7 +442,7 @@ class Metrics:
     def language_expectation(self, model: str, source: str) -> None:
         """source in request | prompt | config | none
         (:data:`proxy.core.requested_language.SOURCES`)."""
-        self._language_expectation(self._model(model), _fixed(source, LANGUAGE_SOURCES)).inc()
+        self._language_expectation(self._model(model), fixed(source, LANGUAGE_SOURCES)).inc()
 
     # -- infrastructure ----------------------------------------------------------------------
 
@@ -603,11 +467,11 @@ class Metrics:
 
     def upstream_error(self, kind: str) -> None:
         """Infra: kind in connect | timeout | status | protocol | disconnect."""
-        self._upstream_errors(_fixed(kind, UPSTREAM_ERROR_KINDS)).inc()
+        self._upstream_errors(fixed(kind, UPSTREAM_ERROR_KINDS)).inc()
 
     def client_timeout(self, kind: str) -> None:
         """Infra: kind in write | deadline."""
-        self._client_timeouts(_fixed(kind, CLIENT_TIMEOUT_KINDS)).inc()
+        self._client_timeouts(fixed(kind, CLIENT_TIMEOUT_KINDS)).inc()
 
     def upstream_kv_cache_dtype(self, cache_dtype: str) -> None:
         """The upstream's current KV cache dtype: its series is 1, any earlier one drops to 0."""
@@ -623,4 +487,4 @@ class Metrics:
 
     def upstream_config_scrape(self, result: str) -> None:
         """result in ok | error | not_vllm (the upstream's /metrics had no vLLM config)."""
-        self._config_scrapes(_fixed(result, frozenset({"ok", "error", "not_vllm"}))).inc()
+        self._config_scrapes(fixed(result, frozenset({"ok", "error", "not_vllm"}))).inc()
