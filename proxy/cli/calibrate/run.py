@@ -587,7 +587,7 @@ def run(args: argparse.Namespace) -> int:
             output.mkdir(parents=True, exist_ok=True)
             write_outputs(summary, output)
         elif args.demo:
-            from proxy.cli.demo import sigterm_as_interrupt
+            from proxy.cli.children import sigterm_as_interrupt
 
             with sigterm_as_interrupt():  # the engine child is stopped on SIGTERM too
                 summary = _run_demo(args, output)
@@ -619,22 +619,23 @@ def _run_demo(args: argparse.Namespace, output: Path) -> dict[str, Any]:
     """The demo's engine, started here, and a small matrix unless the flags say otherwise."""
     import tempfile
 
-    from proxy.cli import demo
+    from proxy.cli import demo, local_engine
+    from proxy.cli.children import DemoError
 
     status = demo.Status(sys.stderr)
     try:
         status.begin("finding the model file")
-        gguf = demo.find_gguf(None, demo.default_cache_dir())
+        gguf = local_engine.find_gguf(None, local_engine.default_cache_dir())
         status.end(str(gguf))
         log_dir = Path(tempfile.mkdtemp(prefix="coherence-guard-calibrate-"))
         status.begin("starting llama-server (SmolLM2-135M-Instruct)")
-        engine = demo.start_engine(gguf, log_dir, parallel=args.concurrency)
+        engine = local_engine.start_engine(gguf, log_dir, parallel=args.concurrency)
         status.end(f"{engine.url}, log {log_dir / 'engine.log'}")
-    except demo.DemoError as exc:
+    except DemoError as exc:
         raise CalibrateError(str(exc)) from None
     try:
         return calibrate(
-            engine.url, output, models=[demo.SERVED_MODEL], prompts=_prompts_of(args),
+            engine.url, output, models=[local_engine.SERVED_MODEL], prompts=_prompts_of(args),
             penalties=args.repetition_penalty, temperatures=args.temperature, seeds=args.seeds,
             max_tokens=args.max_tokens, concurrency=args.concurrency, quantile=args.quantile,
             margin=args.margin, timeout=args.timeout,
