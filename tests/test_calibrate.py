@@ -23,6 +23,7 @@ import yaml
 from openai import OpenAI
 
 from proxy.cli import main
+from proxy.cli.calibrate import matrix
 from proxy.cli.calibrate import run as calibrate
 from proxy.cli.calibrate.prompts import LANGUAGES, PROMPTS, TASKS
 from proxy.observability.metrics import Metrics
@@ -79,7 +80,7 @@ def fake_upstream() -> Iterator[FakeVLLM]:
 def _run(url: str, out: Path, **overrides: Any) -> dict[str, Any]:
     options: dict[str, Any] = {
         "models": [MODEL],
-        "prompts": calibrate.builtin_prompts(["narrative", "qa"], ["en", "it"]),
+        "prompts": matrix.builtin_prompts(["narrative", "qa"], ["en", "it"]),
         "penalties": [1.0, 1.2],
         "temperatures": [0.0],
         "seeds": 2,
@@ -216,17 +217,17 @@ def test_prompt_files_take_jsonl_or_plain_lines(tmp_path: Path) -> None:
         '# my prompts\n{"task": "support", "language": "de", "prompt": "Hallo?"}\n\n'
         '{"prompt": "no task"}\nplain text prompt\n'
     )
-    assert calibrate.load_prompts(path) == [
-        calibrate.Prompt("support", "de", "Hallo?"),
-        calibrate.Prompt("prompt4", "any", "no task"),
-        calibrate.Prompt("prompt5", "any", "plain text prompt"),
+    assert matrix.load_prompts(path) == [
+        matrix.Prompt("support", "de", "Hallo?"),
+        matrix.Prompt("prompt4", "any", "no task"),
+        matrix.Prompt("prompt5", "any", "plain text prompt"),
     ]
     path.write_text('{"task": "x"}\n')
-    with pytest.raises(calibrate.CalibrateError, match=r"p.jsonl:1"):
-        calibrate.load_prompts(path)
+    with pytest.raises(matrix.CalibrateError, match=r"p.jsonl:1"):
+        matrix.load_prompts(path)
     path.write_text("\n# nothing\n")
-    with pytest.raises(calibrate.CalibrateError, match="no prompts"):
-        calibrate.load_prompts(path)
+    with pytest.raises(matrix.CalibrateError, match="no prompts"):
+        matrix.load_prompts(path)
 
 
 def test_every_built_in_task_is_written_in_every_built_in_language() -> None:
@@ -234,10 +235,10 @@ def test_every_built_in_task_is_written_in_every_built_in_language() -> None:
     for task in TASKS:
         assert set(PROMPTS[task]) == set(LANGUAGES), task
     assert len({PROMPTS["narrative"][lang] for lang in LANGUAGES}) == len(LANGUAGES)
-    with pytest.raises(calibrate.CalibrateError, match="--prompts"):
-        calibrate.builtin_prompts(["narrative"], ["xx"])
-    with pytest.raises(calibrate.CalibrateError, match="unknown task"):
-        calibrate.builtin_prompts(["poetry"], ["en"])
+    with pytest.raises(matrix.CalibrateError, match="--prompts"):
+        matrix.builtin_prompts(["narrative"], ["xx"])
+    with pytest.raises(matrix.CalibrateError, match="unknown task"):
+        matrix.builtin_prompts(["poetry"], ["en"])
 
 
 def test_cli_prints_the_recommendation_and_exits_0(
@@ -396,10 +397,10 @@ def test_a_server_error_stops_the_run_with_its_reason(tmp_path: Path) -> None:
     the same process starts afresh."""
     with FakeVLLM() as fake:
         fake.script = Script(status=500)
-        with pytest.raises(calibrate.CalibrateError, match="HTTP 500"):
+        with pytest.raises(matrix.CalibrateError, match="HTTP 500"):
             _run(fake.url, tmp_path / "a", seeds=1)
         fake.script = Script(texts=[HEALTHY], model=MODEL)
-        english = calibrate.builtin_prompts(["narrative", "qa"], ["en"])
+        english = matrix.builtin_prompts(["narrative", "qa"], ["en"])
         summary = _run(fake.url, tmp_path / "b", seeds=1, penalties=[1.0], prompts=english)
         assert summary["models"][MODEL]["degenerate"] == 0
 

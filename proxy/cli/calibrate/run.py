@@ -21,8 +21,10 @@ Every answer is appended to ``results.jsonl`` as it arrives, so a rerun skips wh
 ``guard_abort_position_tokens`` and ``guard_completion_tokens`` histograms over ``--range``.
 ``--demo`` runs a small calibration against the demo's engine (llama.cpp + SmolLM2).
 
-The statistics are pure functions in :mod:`proxy.cli.calibrate.stats`; the plots and the report are
-in :mod:`proxy.cli.calibrate.report`.
+The matrix and its results file are :mod:`proxy.cli.calibrate.matrix`'s, the production read
+:mod:`proxy.cli.calibrate.prometheus`'s; the statistics are pure functions in
+:mod:`proxy.cli.calibrate.stats`; the plots and the report are in
+:mod:`proxy.cli.calibrate.report`.
 """
 
 from __future__ import annotations
@@ -36,9 +38,20 @@ import re
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+
+from proxy.cli.calibrate.matrix import (
+    CalibrateError,
+    Cell,
+    Prompt,
+    builtin_prompts,
+    end_torn_line,
+    load_prompts,
+    matrix,
+    read_results,
+)
+from proxy.cli.calibrate.prometheus import from_prometheus
 
 if TYPE_CHECKING:
     import httpx
@@ -51,35 +64,6 @@ _PROMPT_ALLOWANCE = 512
 
 EXIT_OK = 0
 EXIT_USAGE = 2
-
-
-class CalibrateError(Exception):
-    """The server, the prompts file or Prometheus could not be used; the message says why."""
-
-
-@dataclass(frozen=True, slots=True)
-class Prompt:
-    task: str
-    language: str  # ISO 639-1, or "any" for the operator's prompts without one
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class Cell:
-    """One request of the matrix."""
-
-    model: str
-    prompt: Prompt
-    repetition_penalty: float
-    temperature: float
-    seed: int
-
-    @property
-    def key(self) -> str:
-        return "|".join(
-            (self.model, self.prompt.task, self.prompt.language,
-             f"{self.repetition_penalty:g}", f"{self.temperature:g}", str(self.seed))
-        )  # fmt: skip
 
 
 # -- arguments ---------------------------------------------------------------------------------
@@ -181,85 +165,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where report.md, the plots, results.json(l) and calibrate.env go "
         "(default ./calibration)",
     )  # fmt: skip
-
-
-# -- the matrix --------------------------------------------------------------------------------
-
-
-def load_prompts(path: Path) -> list[Prompt]:
-    """The operator's prompts: JSONL objects, or one plain prompt per line."""
-    prompts: list[Prompt] = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise CalibrateError(f"--prompts {path}: {exc.strerror}") from None
-    for number, line in enumerate(lines, 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("{"):
-            try:
-                item = json.loads(line)
-                text = str(item["prompt"])
-            except (ValueError, KeyError, TypeError):
-                raise CalibrateError(
-                    f'--prompts {path}:{number}: expected {{"task", "language"?, "prompt"}}'
-                ) from None
-            task = str(item.get("task") or f"prompt{number}")
-            language = str(item.get("language") or "any")
-            prompts.append(Prompt(task, language, text))
-        else:
-            prompts.append(Prompt(f"prompt{number}", "any", line))
-    if not prompts:
-        raise CalibrateError(f"--prompts {path}: no prompts")
-    return prompts
-
-
-def builtin_prompts(tasks: Sequence[str], languages: Sequence[str]) -> list[Prompt]:
-    from proxy.cli.calibrate.prompts import PROMPTS
-
-    unknown = [t for t in tasks if t not in PROMPTS]
-    if unknown:
-        raise CalibrateError(f"unknown task(s) {unknown}; built in: {sorted(PROMPTS)}")
-    missing = sorted({lang for lang in languages for t in tasks if lang not in PROMPTS[t]})
-    if missing:
-        raise CalibrateError(
-            f"no built-in prompts in {missing} (built in: {sorted(PROMPTS[tasks[0]])}); "
-            "write your own with --prompts"
-        )
-    return [Prompt(t, lang, PROMPTS[t][lang]) for t in tasks for lang in languages]
-
-
-def matrix(
-    models: Sequence[str],
-    prompts: Sequence[Prompt],
-    penalties: Sequence[float],
-    temperatures: Sequence[float],
-    seeds: int,
-) -> list[Cell]:
-    return [
-        Cell(model, prompt, penalty, temperature, seed)
-        for model in models
-        for prompt in prompts
-        for penalty in penalties
-        for temperature in temperatures
-        for seed in range(seeds)
-    ]
-
-
-def read_results(path: Path) -> list[dict[str, Any]]:
-    """Records of ``results.jsonl``; a torn last line (an interrupted run) is ignored."""
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and "key" in record:
-            records.append(record)
-    return records
 
 
 # -- running it --------------------------------------------------------------------------------
@@ -399,19 +304,6 @@ async def run_matrix(
                 await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def end_torn_line(results: Path) -> None:
-    """A run killed mid-write leaves a torn last line: end it, so the next record starts on a
-    line of its own instead of being glued to the fragment (and lost with it)."""
-    if not results.is_file() or not results.stat().st_size:
-        return
-    with results.open("rb") as existing:
-        existing.seek(-1, os.SEEK_END)
-        torn = existing.read(1) != b"\n"
-    if torn:
-        with results.open("a", encoding="utf-8") as sink:
-            sink.write("\n")
-
-
 def _base_url(url: str) -> str:
     url = url.rstrip("/")
     return url.removesuffix("/v1")
@@ -480,56 +372,6 @@ def calibrate(
     summary = summarize(records, quantile=quantile, margin=margin, max_tokens=max_tokens)
     summary["source"] = {"url": url, "max_tokens": max_tokens, "seeds": seeds}
     write_outputs(summary, output)
-    return summary
-
-
-# -- from production ---------------------------------------------------------------------------
-
-
-def _prom_vector(client: httpx.Client, expr: str) -> list[dict[str, Any]]:
-    import httpx
-
-    try:
-        response = client.get("/api/v1/query", params={"query": expr})
-        payload = response.json()
-    except (httpx.HTTPError, ValueError) as exc:
-        raise CalibrateError(f"Prometheus query failed: {exc}") from None
-    if payload.get("status") != "success":
-        raise CalibrateError(f"Prometheus refused {expr!r}: {payload.get('error')}")
-    result: list[dict[str, Any]] = payload["data"]["result"]
-    return result
-
-
-def from_prometheus(
-    prometheus_url: str, window: str, *, quantile: float, margin: int, models: Sequence[str] | None
-) -> dict[str, Any]:
-    """The proxy's histograms over ``window`` → the same summary shape as a calibration run."""
-    import httpx
-
-    from proxy.cli.calibrate.report import summarize_histograms
-
-    with httpx.Client(base_url=prometheus_url.rstrip("/"), timeout=30) as client:
-        aborts = _prom_vector(
-            client,
-            f"sum by (model, le) (increase(guard_abort_position_tokens_bucket[{window}]))",
-        )
-        by_signal = _prom_vector(
-            client,
-            f"sum by (model, signal) (increase(guard_abort_position_tokens_count[{window}]))",
-        )
-        generations = _prom_vector(
-            client, f"sum by (model) (increase(guard_completion_tokens_count[{window}]))"
-        )
-        finishes = _prom_vector(
-            client,
-            f"sum by (model, finish_reason) (increase(guard_finish_reason_total[{window}]))",
-        )
-    summary = summarize_histograms(
-        aborts, by_signal, generations, finishes, quantile=quantile, margin=margin
-    )
-    if models:
-        summary["models"] = {m: v for m, v in summary["models"].items() if m in models}
-    summary["source"] = {"prometheus": prometheus_url, "range": window}
     return summary
 
 
