@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from proxy.detect import DetectorConfig  # noqa: E402
 from proxy.cli.explain import SETTINGS_HELP, comment_blocks  # noqa: E402
+from proxy.detect import DetectorConfig  # noqa: E402
 from proxy.settings import Settings  # noqa: E402
 
 ENV_EXAMPLE = ROOT / ".env.example"

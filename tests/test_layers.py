@@ -155,3 +155,18 @@ def test_layers_import_only_downwards() -> None:
             if other is not None and LAYERS.index(other) > LAYERS.index(own):
                 upward.append(f"{module} -> {target}")
     assert upward == []
+
+
+def test_the_architecture_page_maps_every_module() -> None:
+    """docs/architecture.md's module map is generated from the tree; a module added, moved or
+    re-described without ``python scripts/module_map.py`` fails here."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "module_map.py"), "--check"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert "| `guard.py` | The guard's per-request state machine" in page
