@@ -22,12 +22,19 @@ import anthropic
 import openai
 import pytest
 import uvicorn
+from hypothesis import settings as hypothesis_settings
 
 from proxy.observability.metrics import Metrics
 from proxy.server.app import create_app
 from proxy.server.engine_context import LOOKUP_USER_AGENT
 from proxy.settings import load_settings
 from tests.fakes.vllm import FakeVLLM, Script
+
+# Property tests assert what the code does, not how fast one example runs: on a loaded machine a
+# pure function's example can take 0.5 s, which hypothesis's default 200 ms deadline reports as a
+# failure. Linear-time properties are tested by the tests that measure them.
+hypothesis_settings.register_profile("default", deadline=None)
+hypothesis_settings.load_profile("default")
 
 __all__ = ["FakeVLLM", "ProxyServer", "Script"]
 
