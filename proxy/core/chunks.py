@@ -268,6 +268,16 @@ def mark_aborted(
     choice["guard"] = guard_object(verdict, completion_tokens)
 
 
+def chat_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """The ``usage`` object of chat and completions, in vLLM's key order: the one place it is
+    built, by the relay, heal and the reassembled answers alike."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
+
+
 def usage_chunk(template: dict[str, Any], usage: dict[str, Any]) -> bytes:
     """The ``choices: []`` usage chunk, with the id/object/created/model of ``template``."""
     keys = ("id", "object", "created", "model")

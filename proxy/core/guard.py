@@ -506,12 +506,7 @@ class StreamGuard:
 
     def final_usage(self) -> dict[str, Any]:
         completion = sum(s.tokens for s in self.choices.values())
-        prompt = self.prompt_tokens or 0
-        return {
-            "prompt_tokens": prompt,
-            "total_tokens": prompt + completion,
-            "completion_tokens": completion,
-        }
+        return chunks.chat_usage(self.prompt_tokens or 0, completion)
 
     def upstream_failed(self, error: GuardError) -> bytes:
         """The upstream died mid-stream: the surface's error events, never a hang."""

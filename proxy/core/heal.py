@@ -497,13 +497,7 @@ class HealGuard(StreamGuard):
 
     def _usage(self, stage_completion: Any) -> dict[str, Any]:
         done = stage_completion if isinstance(stage_completion, int) else self.stage_tokens()
-        prompt = self.carry.prompt_tokens or 0
-        completion = self.carry.base_tokens + done
-        return {
-            "prompt_tokens": prompt,
-            "total_tokens": prompt + completion,
-            "completion_tokens": completion,
-        }
+        return chunks.chat_usage(self.carry.prompt_tokens or 0, self.carry.base_tokens + done)
 
     def _final_usage(self) -> bytes:
         if self.carry.origin is None or not self.policy.client_wants_usage:
@@ -702,12 +696,7 @@ class HealGuard(StreamGuard):
         prompt = (
             self.carry.prompt_tokens if self.carry.prompt_tokens is not None else self.prompt_tokens
         ) or 0
-        completion = self.answer_tokens()
-        return {
-            "prompt_tokens": prompt,
-            "total_tokens": prompt + completion,
-            "completion_tokens": completion,
-        }
+        return chunks.chat_usage(prompt, self.answer_tokens())
 
     def healed(self) -> bool:
         """A continuation ran and ended the choice with ``stop``, with no verdict of its own."""

@@ -201,12 +201,15 @@ def abort_delta(guard: StreamGuard, state: BlockState, verdict: Verdict) -> dict
     return {"type": "message_delta", "delta": delta, "usage": usage(guard)}
 
 
+def messages_usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
+    """The Messages ``usage`` object: the one place it is built, by this surface and by the
+    chat-route writer of heal mode (:mod:`proxy.core.surfaces.via_chat`)."""
+    return {"input_tokens": input_tokens, "output_tokens": output_tokens}
+
+
 def usage(guard: StreamGuard) -> dict[str, Any]:
     """Input tokens as ``message_start`` said, output tokens counted one per delta."""
-    return {
-        "input_tokens": guard.prompt_tokens or 0,
-        "output_tokens": sum(s.tokens for s in guard.choices.values()),
-    }
+    return messages_usage(guard.prompt_tokens or 0, sum(s.tokens for s in guard.choices.values()))
 
 
 MESSAGES = _Messages()

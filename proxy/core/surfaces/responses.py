@@ -365,13 +365,18 @@ def usage(guard: StreamGuard) -> dict[str, Any]:
         for i, s in guard.choices.items()
         if i in rs.items and rs.items[i].item.get("type") == "reasoning"
     )
-    prompt = guard.prompt_tokens or 0
+    return responses_usage(guard.prompt_tokens or 0, output, reasoning)
+
+
+def responses_usage(input_tokens: int, output_tokens: int, reasoning_tokens: int) -> dict[str, Any]:
+    """The Responses ``usage`` object in vLLM's shape: the one place it is built, by this surface
+    and by the chat-route writer of heal mode (:mod:`proxy.core.surfaces.via_chat`)."""
     return {
-        "input_tokens": prompt,
+        "input_tokens": input_tokens,
         "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": output,
-        "output_tokens_details": {"reasoning_tokens": reasoning},
-        "total_tokens": prompt + output,
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "total_tokens": input_tokens + output_tokens,
     }
 
 

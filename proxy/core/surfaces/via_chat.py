@@ -28,8 +28,13 @@ import orjson
 from proxy.core.chunks import REASONING_KEYS, named_event
 from proxy.core.rewrite import SURFACE_SAMPLING_FIELDS
 from proxy.core.sse import SSEParser
-from proxy.core.surfaces.messages import FINISH_REASONS, stop_reason
-from proxy.core.surfaces.responses import abort_item_status, incomplete_reason, terminal_event
+from proxy.core.surfaces.messages import FINISH_REASONS, messages_usage, stop_reason
+from proxy.core.surfaces.responses import (
+    abort_item_status,
+    incomplete_reason,
+    responses_usage,
+    terminal_event,
+)
 from proxy.errors import anthropic_error_object
 
 if TYPE_CHECKING:
@@ -440,7 +445,7 @@ class MessagesWriter(Writer):
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": self._input_tokens, "output_tokens": 0},
+            "usage": messages_usage(self._input_tokens, 0),
         }
 
     def _start(self) -> bytes:
@@ -495,7 +500,7 @@ class MessagesWriter(Writer):
         return out
 
     def _finish_events(self) -> bytes:
-        usage = {"input_tokens": self._input_tokens, "output_tokens": self._output_tokens}
+        usage = messages_usage(self._input_tokens, self._output_tokens)
         return named_event(
             {"type": "message_delta", "delta": self._stop_fields(), "usage": usage}
         ) + named_event({"type": "message_stop"})
@@ -671,13 +676,9 @@ class ResponsesWriter(Writer):
             response["incomplete_details"] = details
         elif self._guard is not None:
             response["guard"] = self._guard  # healed: the answer is complete, and says so
-        response["usage"] = {
-            "input_tokens": self._input_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": self._output_tokens,
-            "output_tokens_details": {"reasoning_tokens": self._reasoning_tokens},
-            "total_tokens": self._input_tokens + self._output_tokens,
-        }
+        response["usage"] = responses_usage(
+            self._input_tokens, self._output_tokens, self._reasoning_tokens
+        )
         return response
 
     def _finish_events(self) -> bytes:
