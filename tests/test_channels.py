@@ -17,7 +17,8 @@ import pytest
 from proxy.core import channels
 from proxy.core.channels import SideChannels
 from proxy.core.guard import GuardPolicy, StreamGuard
-from proxy.core.heal import HealGuard, HealPolicy
+from proxy.core.heal import HealGuard
+from proxy.core.heal_request import HealPolicy
 from proxy.core.records import GenerationRecord
 from proxy.detect import Detector, DetectorConfig, Verdict
 from proxy.observability.metrics import Metrics

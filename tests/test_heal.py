@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from proxy.core.guard import GuardPolicy
-from proxy.core.heal import (
+from proxy.core.heal import HealGuard
+from proxy.core.heal_cut import word_boundary
+from proxy.core.heal_request import (
     REPETITION_DETECTION,
-    HealGuard,
     HealPolicy,
     continuation_request,
     unhealable,
-    word_boundary,
 )
 from proxy.detect import Detector
 from proxy.observability.metrics import Metrics

@@ -14,7 +14,13 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from proxy.core.heal import HealPolicy, constrained, continuation_request, unhealable, valid_json
+from proxy.core.heal_request import (
+    HealPolicy,
+    constrained,
+    continuation_request,
+    unhealable,
+    valid_json,
+)
 from proxy.detect import Detector
 from proxy.detect.salad import SALAD_LANGUAGES, lexicon
 from proxy.observability.metrics import Metrics

@@ -1,14 +1,9 @@
 """``GUARD_MODE=heal``: cut a degenerate choice back to where the loop began and let the engine
 finish the answer from there, as the same choice of the same response.
 
-Pure (no sockets, no asyncio), like :mod:`proxy.core.guard`; :mod:`proxy.server.guarded` does
-the I/O:
+Pure, like :mod:`proxy.core.guard` (:mod:`proxy.server.guarded` does the I/O). Which requests
+can be healed and what is asked: :mod:`proxy.core.heal_request`; where to cut: :mod:`.heal_cut`.
 
-* :class:`HealPolicy` — the GUARD_HEAL_* settings, resolved once.
-* :func:`unhealable` — why a request cannot be healed (then it is relayed as ``enforce``).
-* :func:`continuation_request` — the body that asks the engine to go on from the trimmed text:
-  chat appends it as a final assistant message with vLLM's ``continue_final_message``;
-  completions appends it to the prompt. Each attempt turns the anti-repetition up one step.
 * :class:`HealGuard` — a :class:`proxy.core.guard.StreamGuard` for one *stage* (the first request or
   one continuation). It relays through the ordinary chat/completions event handler (so the
   ``enforce``/``monitor``/``off`` hot path is untouched) and adds, on top, a hold-back window of
@@ -24,241 +19,32 @@ the client reads is always exactly the text the continuation continues.
 
 from __future__ import annotations
 
-import copy
 import functools
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
 from proxy.core import chunks
-from proxy.core.chunks import ENGINE_REPETITION, Piece
+from proxy.core.chunks import ENGINE_REPETITION
 from proxy.core.guard import BlockState, GuardPolicy, StreamGuard
+from proxy.core.heal_cut import (
+    answer_language,
+    chunk_object,
+    cut_pieces,
+    event_json,
+    trim_choice,
+    word_boundary,
+    worse_vocabulary,
+)
+from proxy.core.heal_request import NO_RETRY_SIGNALS, HealCarry, HealPolicy
 from proxy.core.reassemble import chat_response
 from proxy.core.records import ChoiceRecord, Endpoint
 from proxy.core.sse import DONE, DONE_EVENT, encode_data
-from proxy.detect import Detector, Summary, Verdict
+from proxy.detect import Detector, Verdict
 from proxy.errors import GuardError
-
-if TYPE_CHECKING:
-    from proxy.settings import Settings
-
-#: vLLM's exact-loop stop (``repetition_detection``), sent as a backstop on continuations: an
-#: n-gram of 2..64 tokens repeated 8 times in a row ends the continuation at the engine.
-REPETITION_DETECTION: dict[str, int] = {
-    "max_pattern_size": 64,
-    "min_pattern_size": 2,
-    "min_count": 8,
-}
-#: Highest penalties a continuation asks for (vLLM's own bounds are 2.0 for both).
-_MAX_PENALTY = 2.0
-_MAX_TEMPERATURE = 2.0
-
-
-@dataclass(frozen=True, slots=True)
-class HealPolicy:
-    """How heal mode retries, resolved once from the GUARD_HEAL_* settings."""
-
-    max_attempts: int = 2
-    holdback_tokens: int = 64
-    repetition_penalty_step: float = 0.1
-    frequency_penalty_step: float = 0.3
-    presence_penalty_step: float = 0.0
-    temperature_step: float = 0.3
-    repetition_detection: bool = True
-    #: Hold-back window of a continuation stage (tokens): a continuation that degenerates is
-    #: cut back to where it went wrong, so the window must span the detection delay of the
-    #: signals that watch it (gibberish and salad need a few hundred characters).
-    continuation_holdback_tokens: int = 160
-    #: How far anti-repetition rises over the attempts (never below what the client asked):
-    #: SmolLM2-135M on vLLM writes real-word salad from (1.3, 0.9, 0.6) on and gibberish from
-    #: (1.6, 1.5, 0.9) (bench/data/gibberish.jsonl), so the bound stays at the second step.
-    max_repetition_penalty: float = 1.2
-    max_frequency_penalty: float = 0.6
-    max_temperature: float = 0.6
-    #: Share of a continuation's prose words missing from its language's word list above which
-    #: (and above the kept answer's own share) it is not a heal (1.0: not judged).
-    max_unknown_share: float = 0.2
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> HealPolicy:
-        return cls(
-            max_attempts=settings.heal_max_attempts,
-            holdback_tokens=settings.heal_holdback_tokens,
-            repetition_penalty_step=settings.heal_repetition_penalty_step,
-            frequency_penalty_step=settings.heal_frequency_penalty_step,
-            presence_penalty_step=settings.heal_presence_penalty_step,
-            temperature_step=settings.heal_temperature_step,
-            repetition_detection=settings.heal_repetition_detection,
-            continuation_holdback_tokens=settings.heal_continuation_holdback_tokens,
-            max_unknown_share=settings.heal_max_unknown_share,
-        )
-
-
-def unhealable(
-    endpoint: Endpoint, body: dict[str, Any], n: int, *, client_stream: bool = False
-) -> str | None:
-    """Why this request cannot be healed (``None``: it can). Such requests are relayed as
-    ``enforce`` would relay them.
-
-    Only chat and completions have a way to continue a text (Responses and Messages requests
-    are healed through the chat route when :mod:`proxy.core.surfaces.via_chat` can express them,
-    and reach this check as chat); ``n > 1`` would need one continuation per choice with
-    the others held back meanwhile; a completions prompt must be one string (token ids cannot
-    be extended with text, and several prompts are several answers); ``echo`` would repeat the
-    extended prompt.
-    """
-    if endpoint not in ("chat", "completions"):
-        return "surface"
-    if n != 1:
-        return "n"
-    if constrained(body) and client_stream:
-        # A constrained answer cannot be continued (the engine's grammar starts again at the
-        # continuation's first token), and a restart would follow what the client already read.
-        return "constrained-stream"
-    if endpoint == "completions":
-        prompt = body.get("prompt")
-        if isinstance(prompt, list):
-            if len(prompt) != 1 or not isinstance(prompt[0], str):
-                return "prompt"
-        elif not isinstance(prompt, str):
-            return "prompt"
-        if body.get("echo"):
-            return "echo"
-    else:
-        messages = body.get("messages")
-        if not isinstance(messages, list):
-            return "messages"
-    return None
-
-
-#: Request fields that constrain the output to a grammar (vLLM's structured outputs).
-_CONSTRAINTS = (
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-    "structured_outputs",
-)
-#: Signals of a continuation that more anti-repetition only makes worse: the raised penalties
-#: push a small model off its own words (gibberish, salad, another script or language).
-NO_RETRY_SIGNALS: frozenset[str] = frozenset(
-    {"gibberish", "salad", "script-intrusion", "language-drift", "entropy-collapse"}
-)
-
-
-def constrained(body: dict[str, Any]) -> bool:
-    """Whether the request constrains its output to a grammar (``response_format`` with a JSON
-    type, or one of vLLM's guided/structured-output fields)."""
-    fmt = body.get("response_format")
-    if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
-        return True
-    return any(body.get(k) is not None for k in _CONSTRAINTS)
-
-
-def json_constrained(body: dict[str, Any]) -> bool:
-    """Whether the constraint is JSON (then a healed answer must parse as JSON)."""
-    fmt = body.get("response_format")
-    if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
-        return True
-    so = body.get("structured_outputs")
-    if isinstance(so, dict) and so.get("json") is not None:
-        return True
-    return body.get("guided_json") is not None
-
-
-def valid_json(text: str) -> bool:
-    """``text`` is one JSON value under the strict grammar (no raw control characters inside
-    strings), as the openai SDK's ``.parse()`` and pydantic read it."""
-    try:
-        orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return False
-    return True
-
-
-def continuation_request(
-    body: dict[str, Any],
-    endpoint: Endpoint,
-    prefix: str,
-    remaining_tokens: int,
-    attempt: int,
-    policy: HealPolicy,
-    *,
-    restart: bool = False,
-) -> dict[str, Any]:
-    """The request for attempt ``attempt`` (1, 2, ...): ``body`` (the rewritten request the
-    first stage sent) continued from ``prefix`` with at most ``remaining_tokens`` new tokens
-    (``restart``: the same request asked again, for a constrained answer, with the attempt's
-    anti-repetition).
-
-    Anti-repetition grows with the attempt: ``repetition_penalty`` (prompt and output tokens, so
-    it also weighs against repeating the kept text) and ``frequency``/``presence_penalty``
-    (output tokens only) by their steps; a greedy request (``temperature`` 0) gets a temperature
-    step, since greedy decoding from the same prefix tends to walk back into the same loop.
-    """
-    out = copy.deepcopy(body)
-    if restart:
-        pass
-    elif endpoint == "chat":
-        messages = list(out.get("messages") or [])
-        last = messages[-1] if messages else None
-        if (
-            out.get("continue_final_message")
-            and isinstance(last, dict)
-            and last.get("role") == "assistant"
-            and isinstance(last.get("content"), str)
-        ):
-            messages[-1] = {**last, "content": last["content"] + prefix}
-        else:
-            messages.append({"role": "assistant", "content": prefix})
-        out["messages"] = messages
-        out["continue_final_message"] = True
-        out["add_generation_prompt"] = False
-    else:
-        prompt = out.get("prompt")
-        if isinstance(prompt, list):
-            out["prompt"] = [prompt[0] + prefix]
-        else:
-            out["prompt"] = str(prompt) + prefix
-    out["n"] = 1
-    limited = False
-    for key in ("max_tokens", "max_completion_tokens"):
-        if key in out and out[key] is not None:
-            out[key] = remaining_tokens
-            limited = True
-    if not limited:
-        out["max_tokens"] = remaining_tokens
-    if policy.repetition_penalty_step:
-        base = max(_number(out.get("repetition_penalty"), 1.0), 1.0)
-        raised = min(policy.max_repetition_penalty, base + policy.repetition_penalty_step * attempt)
-        out["repetition_penalty"] = round(min(_MAX_PENALTY, max(base, raised)), 4)
-    if policy.frequency_penalty_step:
-        base = _number(out.get("frequency_penalty"), 0.0)
-        raised = min(policy.max_frequency_penalty, base + policy.frequency_penalty_step * attempt)
-        out["frequency_penalty"] = round(min(_MAX_PENALTY, max(base, raised)), 4)
-    if policy.presence_penalty_step:
-        base = _number(out.get("presence_penalty"), 0.0)
-        out["presence_penalty"] = round(
-            min(_MAX_PENALTY, base + policy.presence_penalty_step * attempt), 4
-        )
-    if policy.temperature_step and _number(out.get("temperature"), 1.0) == 0:
-        raised = min(policy.max_temperature, policy.temperature_step * attempt)
-        out["temperature"] = round(min(_MAX_TEMPERATURE, raised), 4)
-    if policy.repetition_detection and "repetition_detection" not in out:
-        out["repetition_detection"] = dict(REPETITION_DETECTION)
-    return out
-
-
-def _number(value: Any, default: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return default
-    return float(value)
-
-
-# ---------------------------------------------------------------------------- the relay stage
 
 
 @dataclass(slots=True)
@@ -274,30 +60,6 @@ class _Held:
     tokens: int
     #: The chunk was changed (cut at the onset): write it anew instead of ``raw``.
     modified: bool = False
-
-
-@dataclass(slots=True)
-class HealCarry:
-    """What a stage hands the next one: the answer so far and the history of the heal."""
-
-    prefix: str = ""
-    #: Tokens of ``prefix`` (the kept text of earlier stages).
-    base_tokens: int = 0
-    #: The first response's id/object/created/model (the client's view).
-    origin: dict[str, Any] | None = None
-    prompt_tokens: int | None = None
-    attempt: int = 0
-    #: Tokens generated by the engine and cut away, over all earlier stages.
-    discarded: int = 0
-    #: Tokens the engine generated over all earlier stages (kept and discarded).
-    generated: int = 0
-    first_verdict: Verdict | None = None
-    first_onset: int | None = None
-    first_summary: Summary | None = None
-    #: Non-streaming: the kept pieces of earlier stages (offsets in the whole answer).
-    pieces: list[tuple[int, Piece]] = field(default_factory=list)
-    #: The language the kept answer is written in, which its continuations are held to.
-    language: str | None = None
 
 
 class HealGuard(StreamGuard):
@@ -381,7 +143,7 @@ class HealGuard(StreamGuard):
             return self._release_all() + self._final_usage() + out
         if not out:
             return b""
-        chunk = _event_json(out)
+        chunk = event_json(out)
         if chunk is None:
             return self._hold(_Held(None, out, self._text_end, self._text_end, self.stage_tokens()))
         choices = chunk.get("choices")
@@ -436,30 +198,14 @@ class HealGuard(StreamGuard):
         return True
 
     def _worse_words(self, language: str | None) -> Verdict | None:
-        """The continuation's vocabulary against the answer it continues: more of its prose
-        words missing from the language's word list than ``heal.max_unknown_share`` and than
-        the kept answer itself had (a model's usual quality in a language is not the heal's
-        doing; invented words the raised penalties brought are). Once per continuation."""
-        from proxy.detect.salad import SALAD_LANGUAGES, lexicon, prose_words
-
-        bar = self.heal.max_unknown_share
-        if language not in SALAD_LANGUAGES or bar >= 1.0:
-            return None
-        words = prose_words("".join(self._text))
-        lex = lexicon(language)
-        if lex is None or len(words) < _MIN_JUDGED_WORDS:
-            return None
-        share = sum(map(lex.unknown, words)) / len(words)
-        if share <= bar:
-            return None
-        before = prose_words(self.carry.prefix[-_LANGUAGE_CHARS:])
-        if len(before) >= _MIN_JUDGED_WORDS and share <= sum(map(lex.unknown, before)) / len(
-            before
-        ):
+        """The continuation's vocabulary against the answer it continues
+        (:func:`~proxy.core.heal_cut.worse_vocabulary`); once per continuation."""
+        text = "".join(self._text)
+        share = worse_vocabulary(text, self.carry.prefix, language, self.heal.max_unknown_share)
+        if share is None:
             return None
         state = self.choices.get(0)
-        tokens = state.tokens if state is not None else 0
-        return Verdict("salad", share, sum(map(len, self._text)), tokens, 0)
+        return Verdict("salad", share, len(text), state.tokens if state is not None else 0, 0)
 
     def retry_allowed(self) -> bool:
         """Whether another continuation may follow this stage's verdict. A continuation that
@@ -503,7 +249,7 @@ class HealGuard(StreamGuard):
         if self.carry.origin is None or not self.policy.client_wants_usage:
             return b""
         tpl = dict(self.origin)
-        tpl.setdefault("object", _chunk_object(self.policy.endpoint))
+        tpl.setdefault("object", chunk_object(self.policy.endpoint))
         return encode_data(chunks.usage_chunk(tpl, self._usage(None)))
 
     def _hold(self, item: _Held) -> bytes:
@@ -554,7 +300,7 @@ class HealGuard(StreamGuard):
                 out.append(self._release(held))
                 kept_tokens = held.tokens
             elif held.start < cut and held.chunk is not None:
-                _trim(held.chunk, cut - held.start)
+                trim_choice(held.chunk, cut - held.start)
                 held.modified = True
                 out.append(self._release(held))
                 kept_tokens = held.tokens
@@ -588,7 +334,7 @@ class HealGuard(StreamGuard):
             onset = self.cut
         pieces = list(carry.pieces)
         if state is not None:
-            pieces += _cut_pieces(state.pieces, self.cut)
+            pieces += cut_pieces(state.pieces, self.cut)
         prefix = self.answer_text()[: self.cut]
         language = carry.language
         if language is None and self._detector_for is not None:
@@ -680,7 +426,7 @@ class HealGuard(StreamGuard):
         tpl = self.origin
         keys = ("id", "object", "created", "model")
         chunk: dict[str, Any] = {k: tpl[k] for k in keys if k in tpl}
-        chunk.setdefault("object", _chunk_object(self.policy.endpoint))
+        chunk.setdefault("object", chunk_object(self.policy.endpoint))
         chunk["choices"] = [choice]
         tail = [encode_data(orjson.dumps(chunk))]
         if self.policy.client_wants_usage:
@@ -738,7 +484,7 @@ class HealGuard(StreamGuard):
         state = self.choices.get(0)
         if state is None:
             state = self.new_block(0)
-        own = state.pieces if self.cut is None else _cut_pieces(state.pieces, self.cut)
+        own = state.pieces if self.cut is None else cut_pieces(state.pieces, self.cut)
         saved_pieces, saved_action = state.pieces, state.action
         state.pieces = [*self.carry.pieces, *own]
         state.action = None
@@ -752,95 +498,3 @@ class HealGuard(StreamGuard):
         choice["guard"] = self.guard_object("aborted" if self.gave_up else "healed")
         out["usage"] = self.final_usage()
         return out
-
-
-#: Characters at the end of the kept answer its language is identified from, and the confidence
-#: the identification needs (the prompt's language detection asks the same).
-_LANGUAGE_CHARS = 2048
-_LANGUAGE_CONFIDENCE = 0.8
-#: Prose words a continuation (and the kept answer) needs before its vocabulary is judged.
-_MIN_JUDGED_WORDS = 10
-
-
-def answer_language(prefix: str) -> str | None:
-    """The language the kept answer is written in, which a continuation must keep: the
-    detector of a continuation expects it, so salad, gibberish and drift in the continuation
-    are judged against the answer it continues (a request that names no language, and a
-    prompt too short to identify, otherwise leave those signals without a language). Once per
-    heal, on at most the last 2 KiB of the answer; ``None`` when unsure."""
-    from proxy.detect.language import identify_language
-
-    found = identify_language(prefix[-_LANGUAGE_CHARS:])
-    if found is None or found[1] < _LANGUAGE_CONFIDENCE:
-        return None
-    return found[0]
-
-
-#: How far :func:`word_boundary` looks for the end of a word before it gives up (scripts without
-#: spaces between words: the cut stays at the onset).
-_WORD_REACH = 32
-
-
-def word_boundary(text: str, cut: int, floor: int) -> int:
-    """Where to cut ``text`` near the detector's onset ``cut`` (never below ``floor``, what the
-    client already holds), so that a continuation starts a fresh token (``" The"``) rather than
-    the rest of a split word or a word after a dangling space, which tokenise unlike anything
-    the model was trained on.
-
-    An onset inside a word is moved *forward* to the end of that word: a periodic loop's onset
-    is where its period first matches, and that match often reaches a few characters back into
-    the healthy word before the loop (``"river. "`` ends like ``"answer. "``). Whitespace before
-    the cut is then dropped. Scripts without spaces keep the onset as it is.
-    """
-    i = cut
-    if 0 < i < len(text) and text[i - 1].isalnum() and text[i].isalnum():
-        j = i
-        while j < len(text) and j - i < _WORD_REACH and not text[j].isspace():
-            j += 1
-        if j < len(text) and text[j].isspace():
-            i = j
-    while i > floor and text[i - 1].isspace():
-        i -= 1
-    return i
-
-
-def _event_json(out: bytes) -> dict[str, Any] | None:
-    """The JSON object of one ``data: {...}\\n\\n`` event (as the relay writes and vLLM sends),
-    or None for anything else."""
-    if not (out.startswith(b"data: {") and out.endswith(b"\n\n")) or b"\n" in out[:-2]:
-        return None
-    try:
-        value = orjson.loads(out[6:-2])
-    except orjson.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _trim(chunk: dict[str, Any], keep: int) -> None:
-    """Cut the text of choice 0 of ``chunk`` to its first ``keep`` characters (the event that
-    straddles the cut); it no longer ends the choice."""
-    choice = chunk["choices"][0]
-    delta = choice.get("delta")
-    if isinstance(delta, dict):
-        if isinstance(delta.get("content"), str):
-            delta["content"] = delta["content"][:keep]
-    elif isinstance(choice.get("text"), str):
-        choice["text"] = choice["text"][:keep]
-    choice["finish_reason"] = None
-    if "stop_reason" in choice:
-        choice["stop_reason"] = None
-
-
-def _cut_pieces(pieces: list[tuple[int, Piece]], cut: int) -> list[tuple[int, Piece]]:
-    out = []
-    for offset, piece in pieces:
-        if offset >= cut:
-            break
-        if offset + len(piece.text) > cut:
-            piece = Piece(piece.channel, piece.text[: cut - offset], piece.tool_index)
-        out.append((offset, piece))
-    return out
-
-
-def _chunk_object(endpoint: Endpoint) -> str:
-    return "chat.completion.chunk" if endpoint == "chat" else "text_completion"

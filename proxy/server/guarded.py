@@ -20,8 +20,8 @@ import orjson
 
 from proxy.core.chunks import named_event
 from proxy.core.guard import GuardPolicy, Mode, StreamGuard
-from proxy.core.heal import (
-    HealGuard,
+from proxy.core.heal import HealGuard
+from proxy.core.heal_request import (
     HealPolicy,
     constrained,
     continuation_request,
