@@ -28,6 +28,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
+from proxy.errors import DeadlineExceeded
 from proxy.server.asgi import Message, Receive, Send, abort_connection
 
 log = logging.getLogger("coherence_guard")
@@ -190,3 +191,9 @@ async def watched(
         # a response that was never completed).
         await asyncio.sleep(0)
     return watch
+
+
+def deadline_error() -> DeadlineExceeded:
+    return DeadlineExceeded(
+        "The request ran past this deployment's time limit.", code="request_deadline"
+    )

@@ -29,10 +29,10 @@ from proxy.server.asgi import (
     scope_headers,
     send_error,
 )
-from proxy.server.bounds import Watch, watched
-from proxy.server.guarded import deadline_error, upstream_failed
+from proxy.server.bounds import Watch, deadline_error, watched
 from proxy.server.paths import wire_path
 from proxy.server.state import Proxy
+from proxy.server.upstream import upstream_failed
 
 
 class Passthrough:
@@ -72,7 +72,7 @@ class Passthrough:
             try:
                 resp = await client.send(req, stream=True)
             except httpx.HTTPError as exc:
-                upstream_failed(proxy, upstream.error_kind(exc))
+                upstream_failed(proxy.metrics, upstream.error_kind(exc))
                 err = upstream.translate(exc)
                 status = err.status
                 head_sent = True
@@ -92,7 +92,7 @@ class Passthrough:
                         watch.seq += 1
                 except httpx.HTTPError as exc:
                     # Headers are out: the client must see a cut body, never a complete one.
-                    upstream_failed(proxy, upstream.error_kind(exc))
+                    upstream_failed(proxy.metrics, upstream.error_kind(exc))
                     watch.cancellable = False
                     await cut_response(send, proxy.bounds.write_timeout)
                     return

@@ -24,14 +24,20 @@ cache (a proxy that merely stops reading leaves the GPU generating).
 
 from __future__ import annotations
 
+import logging
 import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
 from proxy.errors import GuardError, UpstreamError, UpstreamFailure, UpstreamTimeout
+
+if TYPE_CHECKING:
+    from proxy.observability.metrics import Metrics
+
+log = logging.getLogger("coherence_guard")
 
 __all__ = [
     "CLIENT_CREDENTIALS",
@@ -244,3 +250,17 @@ class UpstreamConfig:
             follow_redirects=False,
             trust_env=False,
         )
+
+
+def upstream_failed(metrics: Metrics, kind: str, status: int = 0) -> None:
+    """Count and log an upstream failure (never any text; the request id is in the context).
+
+    An engine 4xx is the client's mistake relayed (info); 5xx, timeouts and broken
+    connections are the deployment's problem (warning)."""
+    metrics.upstream_error(kind)
+    if not status:
+        log.warning("upstream failed (kind=%s)", kind)
+    elif status >= 500:
+        log.warning("upstream answered %d", status)
+    else:
+        log.info("upstream answered %d", status)
