@@ -1,6 +1,6 @@
 """Load and fault suite: many streams, hang-ups, guard aborts, and a soak — nothing left running.
 
-Starts the fast fake engine (``bench/fake_upstream.py``, which counts streams started,
+Starts the fast fake engine (``bench/kit/fake_upstream.py``, which counts streams started,
 completed, disconnected and still active) and the real proxy (``python -m proxy serve``, one
 worker) as separate processes, then drives the proxy with a raw asyncio HTTP/1.1 client:
 
@@ -243,7 +243,7 @@ def main() -> None:
     up_port, proxy_port = free_port(), free_port()
     text = ROOT / "tests" / "data" / "corpus.jsonl"
     upstream = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "fake_upstream.py"), "--port", str(up_port),
+        [sys.executable, str(ROOT / "bench" / "kit" / "fake_upstream.py"), "--port", str(up_port),
          "--text-file", str(text), "--model", "fake"],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip

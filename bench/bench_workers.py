@@ -13,7 +13,7 @@ exactly that load to the real proxy with 1, 2, ... N uvicorn workers and reports
   (several scrapes, so that different workers answer), because prometheus-client's
   multiprocess mode aggregates every worker's counts whichever worker is asked.
 
-The upstream and the load generator are the shared benchmark kit's (``../shared/bench``:
+The upstream and the load generator are the vendored benchmark kit's (``bench/kit``:
 ``fake_upstream.py``, a fast asyncio fake vLLM, and ``loadgen.py``, an aiohttp client; run its
 ``setup.sh`` once for ``/tmp/bench/venv``). They share the machine with the proxy: on a small
 machine they take a core's worth of CPU themselves, so read the table as "what N workers give
@@ -45,15 +45,10 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-# The project's shared folder sits beside the checkout (``../shared``); a git worktree one level
-# deeper finds it one level up.
-SHARED = next(
-    (p / "shared" for p in (ROOT.parent, ROOT.parent.parent) if (p / "shared").is_dir()),
-    ROOT.parent / "shared",
-)
-KIT = SHARED / "bench"
+KIT = ROOT / "bench" / "kit"
 KIT_PYTHON = Path("/tmp/bench/venv/bin/python")
-CORPUS = SHARED / "corpus" / "dev.jsonl"
+#: Healthy texts the fake engine streams (any JSONL with ``text`` fields works: ``--corpus``).
+CORPUS = ROOT / "tests" / "data" / "corpus.jsonl"
 _GENERATIONS = re.compile(r"^guard_generations_total\{[^}]*\}\s+([0-9.e+]+)\s*$", re.M)
 
 
@@ -271,7 +266,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--scrapes", type=int, default=8, help="scrapes checked per N")
     parser.add_argument("--mode", default="enforce", choices=("enforce", "monitor", "off"))
-    parser.add_argument("--kit", type=Path, default=KIT, help="the shared benchmark kit")
+    parser.add_argument("--kit", type=Path, default=KIT, help="the benchmark kit (bench/kit)")
     parser.add_argument("--kit-python", type=Path, default=KIT_PYTHON)
     parser.add_argument("--upstream-text", type=Path, default=CORPUS if CORPUS.is_file() else None)
     parser.add_argument("--no-direct", action="store_true", help="skip the no-proxy baseline")
