@@ -16,14 +16,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import openai
+import orjson
 import pytest
+from openai.types.responses import Response, ResponseCompletedEvent
 
+from proxy.detect import Detector
+from proxy.relay import GuardPolicy, StreamGuard
+from proxy.surfaces import via_chat
 from tests.fakes.vllm import FakeVLLM, Script
+from tests.test_surface_heal import chat_stream
 
 ProxyFactory = Callable[..., str]
+EARLY_STOP = Path(__file__).parent / "data" / "early_stop"
+SURFACES = Path(__file__).parent / "streams" / "surfaces"
 LOOP = "Fine start. " + "The answer is the answer. " * 120
 LIFECYCLE = {"response.created", "response.in_progress", "response.completed"}
 STREAMS = 16
@@ -75,3 +84,82 @@ def test_side_by_side_streams_each_carry_only_their_own_response(
     else:  # each stream's loop was cut and continued (same X-Request-Id) before the abort
         assert {r.path for r in sent} == {"/v1/chat/completions"}
         assert len(sent) > STREAMS
+
+
+# ---------------------------------------------------------------- the SDK's own types
+# Why the shape matters for the identity check: openai 3.57 validates each event strictly
+# against its types and, when that fails, builds it loosely through a discriminator map that it
+# computes lazily and not thread-safely — under concurrent first use the map comes out partial,
+# a ``response.completed`` event is then built as the union's first variant with its response
+# left a plain dict, and the stream helper reads its id as None ("Lifecycle response identity
+# changed."). The engine's own events validate; the proxy's endings must too.
+
+
+def engine_usage() -> dict[str, Any]:
+    usage: dict[str, Any] = orjson.loads((EARLY_STOP / "responses.json").read_bytes())["usage"]
+    return usage
+
+
+def assert_engine_usage_shape(usage: dict[str, Any]) -> None:
+    engine = engine_usage()
+    assert set(usage) == set(engine)
+    for key in ("input_tokens_details", "output_tokens_details"):
+        assert set(usage[key]) == set(engine[key]), key
+
+
+def test_an_aborted_stream_ends_with_a_response_the_sdk_validates() -> None:
+    g = StreamGuard(GuardPolicy.create(endpoint="responses"), Detector)
+    raw = g.feed((SURFACES / "responses_vllm_loop.sse").read_bytes())
+    assert g.aborted
+    last = raw.rsplit(b"\n\n", 2)[-2]
+    event = orjson.loads(last.partition(b"\ndata: ")[2])
+    assert event["type"] == "response.completed"
+    ResponseCompletedEvent.model_validate(event)  # raises on a field the SDK requires
+    assert_engine_usage_shape(event["response"]["usage"])
+
+
+def test_an_aborted_answer_is_a_response_the_sdk_validates() -> None:
+    g = StreamGuard(GuardPolicy.create(endpoint="responses", collect=True), Detector)
+    g.feed((SURFACES / "responses_vllm_loop.sse").read_bytes())
+    answer = g.response(trim=True)
+    Response.model_validate(answer)
+    assert_engine_usage_shape(answer["usage"])
+
+
+@pytest.mark.parametrize(
+    ("finish", "guard"),
+    [
+        ("content_filter", {"action": "aborted", "signal": "repetition", "onset_char": 3}),
+        ("stop", {"action": "healed", "signal": "repetition", "attempts": 1}),
+        ("length", None),
+    ],
+    ids=["aborted", "healed", "length"],
+)
+def test_heal_through_chat_ends_with_a_response_the_sdk_validates(
+    finish: str, guard: dict[str, Any] | None
+) -> None:
+    raw = chat_stream(["Once ", "upon ", "a time."], finish=finish, guard=guard)
+    out = via_chat.writer("responses", {"model": "m"}, "content_filter").stream(raw)
+    event = orjson.loads(out.rsplit(b"\n\n", 2)[-2].partition(b"\ndata: ")[2])
+    assert event["type"] == "response.completed"
+    ResponseCompletedEvent.model_validate(event)
+    assert_engine_usage_shape(event["response"]["usage"])
+    answer = {
+        "id": "chatcmpl-abc",
+        "object": "chat.completion",
+        "created": 5,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Once upon a time."},
+                "finish_reason": finish,
+                **({"guard": guard} if guard else {}),
+            }
+        ],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12},
+    }
+    whole = via_chat.writer("responses", {"model": "m"}, "content_filter")
+    body = orjson.loads(whole.answer(200, orjson.dumps(answer)))
+    Response.model_validate(body)
+    assert_engine_usage_shape(body["usage"])

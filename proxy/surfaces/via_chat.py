@@ -30,7 +30,12 @@ from proxy.errors import anthropic_error_object
 from proxy.rewrite import SURFACE_SAMPLING_FIELDS
 from proxy.sse import SSEParser
 from proxy.surfaces.messages import FINISH_REASONS, stop_reason
-from proxy.surfaces.responses import abort_item_status, incomplete_reason, terminal_event
+from proxy.surfaces.responses import (
+    abort_item_status,
+    incomplete_reason,
+    terminal_event,
+    usage_object,
+)
 
 if TYPE_CHECKING:
     from proxy.records import Endpoint
@@ -671,13 +676,9 @@ class ResponsesWriter(Writer):
             response["incomplete_details"] = details
         elif self._guard is not None:
             response["guard"] = self._guard  # healed: the answer is complete, and says so
-        response["usage"] = {
-            "input_tokens": self._input_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": self._output_tokens,
-            "output_tokens_details": {"reasoning_tokens": self._reasoning_tokens},
-            "total_tokens": self._input_tokens + self._output_tokens,
-        }
+        response["usage"] = usage_object(
+            self._input_tokens, self._output_tokens, self._reasoning_tokens
+        )
         return response
 
     def _finish_events(self) -> bytes:
