@@ -22,7 +22,9 @@ from typing import Any
 import openai
 import orjson
 import pytest
-from openai.types.responses import Response, ResponseCompletedEvent
+from anthropic.types import RawMessageStreamEvent
+from openai.types.responses import Response, ResponseCompletedEvent, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from proxy.detect import Detector
 from proxy.relay import GuardPolicy, StreamGuard
@@ -163,3 +165,34 @@ def test_heal_through_chat_ends_with_a_response_the_sdk_validates(
     body = orjson.loads(whole.answer(200, orjson.dumps(answer)))
     Response.model_validate(body)
     assert_engine_usage_shape(body["usage"])
+
+
+def every_event(raw: bytes) -> list[dict[str, Any]]:
+    return [
+        orjson.loads(block.partition(b"data: ")[2]) for block in raw.split(b"\n\n") if block.strip()
+    ]
+
+
+@pytest.mark.parametrize("surface", ["responses", "messages"])
+def test_every_event_of_an_abort_and_of_heal_validates_against_the_sdks_types(
+    surface: str,
+) -> None:
+    """All events the proxy writes itself, not only the terminal one: the anthropic SDK builds
+    events the same way as openai's."""
+    adapter: TypeAdapter[Any] = TypeAdapter(
+        ResponseStreamEvent if surface == "responses" else RawMessageStreamEvent
+    )
+    g = StreamGuard(GuardPolicy.create(endpoint=surface), Detector)
+    streams = [g.feed((SURFACES / f"{surface}_vllm_loop.sse").read_bytes())]
+    assert g.aborted
+    for finish, guard in [
+        ("content_filter", {"action": "aborted", "signal": "repetition", "onset_char": 3}),
+        ("stop", {"action": "healed", "signal": "repetition", "attempts": 1}),
+        ("length", None),
+        ("stop", None),
+    ]:
+        raw = chat_stream(["Once ", "upon ", "a time."], finish=finish, guard=guard)
+        streams.append(via_chat.writer(surface, {"model": "m"}, "content_filter").stream(raw))
+    for raw in streams:
+        for event in every_event(raw):
+            adapter.validate_python(event)
