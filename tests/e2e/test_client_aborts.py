@@ -68,17 +68,6 @@ RAISES = {
 CUT = {"content_filter", "refusal"}
 
 
-#: openai 3.57's Responses stream helper: seen in two of four matrix runs (enforce and heal), with
-#: the guard's ending and with heal's, never with these calls run alone or eight at a time, where
-#: every lifecycle event carries the same id. Open: marked, not hidden.
-LIFECYCLE = "Lifecycle response identity changed."
-
-
-def xfail_on_lifecycle(outcome: Outcome) -> None:
-    if isinstance(outcome.error, RuntimeError) and str(outcome.error) == LIFECYCLE:
-        pytest.xfail("openai's Responses stream helper: intermittent lifecycle identity check")
-
-
 @dataclass
 class Outcome:
     seen: Seen | None = None
@@ -143,7 +132,6 @@ def test_enforce_gives_a_cut_answer_and_the_reason_or_fails_as_on_an_early_stop(
             assert type(engine.error).__name__ == "IncompleteOutputException"
             assert type(engine.error).__mro__[1] is type(got.error).__mro__[1]
         return
-    xfail_on_lifecycle(got)
     assert got.error is None, repr(got.error)
     assert engine.error is None, repr(engine.error)
     assert got.seen is not None and engine.seen is not None
@@ -167,7 +155,6 @@ def test_heal_gives_a_whole_answer(matrix: dict[str, dict[Key, Outcome]], key: K
         # with or without the guard (the engine's own run fails as well).
         assert type(got.error).__name__ == "InstructorRetryException"
         return
-    xfail_on_lifecycle(got)
     assert got.error is None, repr(got.error)
     assert got.seen is not None and got.seen.text
     assert got.seen.finish not in CUT

@@ -78,6 +78,9 @@ class Script:
     tail_delay: float = 0.0
     #: The response id (default: ``chatcmpl-``/``cmpl-`` + a fixed suffix).
     response_id: str | None = None
+    #: Ids as vLLM makes them, one per request: chat ``chatcmpl-<X-Request-Id>``
+    #: (``_base_request_id``), Responses the body's ``request_id`` (a vLLM extra field).
+    ids_from_request: bool = False
     created: int = 1700000000
 
 
@@ -377,7 +380,8 @@ class FakeVLLM:
             elif surface == "messages":
                 events = messages_events(req, script)
             else:
-                events = self._events(req, chat, script)
+                header = rec.headers.get("x-request-id") if script.ids_from_request else None
+                events = self._events(req, chat, script, header)
             for i, event in enumerate(events):
                 delay = script.first_delay if i == 0 else script.chunk_delay
                 if delay and event is not None:
@@ -423,14 +427,18 @@ class FakeVLLM:
         writer.write(b"%x\r\n" % len(data) + data + b"\r\n")
 
     # ------------------------------------------------------------------ vLLM payloads
-    def _events(self, req: dict[str, Any], chat: bool, script: Script) -> list[bytes | None]:
+    def _events(
+        self, req: dict[str, Any], chat: bool, script: Script, request_id: str | None = None
+    ) -> list[bytes | None]:
         if script.raw_stream is not None:
             return [script.raw_stream]
         n = int(req.get("n") or 1)
         opts = req.get("stream_options") or {}
         usage = bool(opts.get("include_usage"))
         continuous = usage and bool(opts.get("continuous_usage_stats"))
-        rid = script.response_id or ("chatcmpl-" if chat else "cmpl-") + "fake0123456789"
+        rid = script.response_id or ("chatcmpl-" if chat else "cmpl-") + (
+            request_id or "fake0123456789"
+        )
         obj = "chat.completion.chunk" if chat else "text_completion"
         created = script.created
         model = req.get("model") or script.model
@@ -630,8 +638,9 @@ RESPONSE_ID = "resp_fake0123456789"
 
 
 def _response_object(req: dict[str, Any], script: Script, status: str) -> dict[str, Any]:
+    own = req.get("request_id") if script.ids_from_request else None
     return {
-        "id": RESPONSE_ID,
+        "id": own if isinstance(own, str) else RESPONSE_ID,
         "created_at": 1700000000,
         "incomplete_details": None,
         "instructions": req.get("instructions"),

@@ -369,13 +369,31 @@ def usage(guard: StreamGuard) -> dict[str, Any]:
 
 
 def responses_usage(input_tokens: int, output_tokens: int, reasoning_tokens: int) -> dict[str, Any]:
-    """The Responses ``usage`` object in vLLM's shape: the one place it is built, by this surface
-    and by the chat-route writer of heal mode (:mod:`proxy.core.surfaces.via_chat`)."""
+    """A ``usage`` written by the proxy, in the shape vLLM 0.32 writes its own (every detail
+    field, zero where the proxy has no count): the one place it is built, by this surface and by
+    the chat-route writer of heal mode (:mod:`proxy.core.surfaces.via_chat`).
+
+    Why every field: the openai SDK validates each event strictly against its types
+    (``cache_write_tokens`` is required) and builds one that fails loosely, through a union
+    discriminator map that openai 3.57 computes without a lock: under concurrent first use it
+    comes out partial, a ``response.completed`` is built as the wrong event type with its
+    response left a dict, and ``responses.stream()`` raises "Lifecycle response identity
+    changed." An ending the SDK validates never takes that path, as the engine's never does."""
     return {
         "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {
+            "cached_tokens": 0,
+            "cache_write_tokens": 0,
+            "input_tokens_per_turn": [],
+            "cached_tokens_per_turn": [],
+        },
         "output_tokens": output_tokens,
-        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "output_tokens_details": {
+            "reasoning_tokens": reasoning_tokens,
+            "tool_output_tokens": 0,
+            "output_tokens_per_turn": [],
+            "tool_output_tokens_per_turn": [],
+        },
         "total_tokens": input_tokens + output_tokens,
     }
 
