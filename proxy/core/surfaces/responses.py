@@ -218,34 +218,11 @@ class _Responses:
                 )
             else:
                 for ci, part in sorted(item_state.parts.items()):
-                    text = item_state.text(ci)
-                    done: dict[str, Any] = {"content_index": ci, "item_id": item_id}
-                    if part.get("type") == "reasoning_text":
-                        done["type"] = "response.reasoning_text.done"
-                    else:
-                        done["type"] = "response.output_text.done"
-                        done["logprobs"] = []
-                    done["output_index"] = index
-                    done["text"] = text
-                    emit(done)
-                    emit(
-                        {
-                            "type": "response.content_part.done",
-                            "content_index": ci,
-                            "item_id": item_id,
-                            "output_index": index,
-                            "part": {**part, "text": text},
-                        }
-                    )
+                    for event in part_done_events(item_id, index, ci, part, item_state.text(ci)):
+                        emit(event)
                 item_state.parts.clear()
             item_state.done = closed_item(item_state, abort_item_status(guard.policy.abort_event))
-            emit(
-                {
-                    "type": "response.output_item.done",
-                    "item": item_state.done,
-                    "output_index": index,
-                }
-            )
+            emit(item_done_event(item_state.done, index))
         kind = terminal_event("incomplete", guard.policy.abort_event)
         emit({"type": kind, "response": incomplete_response(guard, aborted)})
         return b"".join(out)
@@ -299,6 +276,25 @@ class _Responses:
 
     def response(self, guard: StreamGuard, trim: bool) -> dict[str, Any]:
         return responses_response(guard, trim=trim)
+
+
+def part_done_events(
+    item_id: Any, output_index: int, content_index: int, part: dict[str, Any], text: str
+) -> list[dict[str, Any]]:
+    """The two events that close one content part (its text's ``.done``, then
+    ``content_part.done``), as vLLM writes them: the one place they are built, by an aborted
+    stream's ending here and by heal's chat-route writer."""
+    where = {"item_id": item_id, "output_index": output_index, "content_index": content_index}
+    if part.get("type") == "reasoning_text":
+        done = {"type": "response.reasoning_text.done", **where, "text": text}
+    else:
+        done = {"type": "response.output_text.done", **where, "text": text, "logprobs": []}
+    return [done, {"type": "response.content_part.done", **where, "part": {**part, "text": text}}]
+
+
+def item_done_event(item: dict[str, Any], output_index: int) -> dict[str, Any]:
+    """``response.output_item.done`` for a closed ``item``."""
+    return {"type": "response.output_item.done", "output_index": output_index, "item": item}
 
 
 def closed_item(

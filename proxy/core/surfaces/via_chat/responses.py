@@ -13,6 +13,8 @@ from proxy.core.chunks import named_event
 from proxy.core.surfaces.responses import (
     abort_item_status,
     incomplete_reason,
+    item_done_event,
+    part_done_events,
     responses_usage,
     terminal_event,
 )
@@ -135,28 +137,14 @@ class ResponsesWriter(Writer):
         return abort_item_status(self.abort_event)
 
     def _close(self, block: Block) -> bytes:
-        where = {"item_id": block.item_id, "output_index": block.index, "content_index": 0}
         text = block.text
-        if block.kind == "reasoning":
-            done = {"type": "response.reasoning_text.done", **where, "text": text}
-        else:
-            done = {"type": "response.output_text.done", **where, "text": text, "logprobs": []}
         # A block closed before the end (reasoning, then text) is complete either way.
         last = block is self._blocks[-1] and self._ended
         status = self._item_status() if last else "completed"
-        return (
-            self._emit(done)
-            + self._emit(
-                {"type": "response.content_part.done", **where, "part": self._part(block, text)}
-            )
-            + self._emit(
-                {
-                    "type": "response.output_item.done",
-                    "output_index": block.index,
-                    "item": self._item(block, status, text),
-                }
-            )
-        )
+        part = self._part(block, "")
+        events = part_done_events(block.item_id, block.index, 0, part, text)
+        events.append(item_done_event(self._item(block, status, text), block.index))
+        return b"".join(self._emit(event) for event in events)
 
     def _status(self) -> str:
         if self._aborted() or self._finish == "length":
