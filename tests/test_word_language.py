@@ -47,6 +47,8 @@ def test_short_questions_get_their_language(text: str, code: str) -> None:
         "Die Hard plot summary?",
         "Explain machine learning.",
         "Define entropy.",
+        "nasi goreng recipe",
+        "la vie en rose lyrics",
     ],
 )
 def test_english_questions_naming_foreign_things_stay_english(text: str) -> None:
@@ -88,3 +90,23 @@ def test_frequency_lists_read_as_zipf() -> None:
     assert len(english) > 20_000
     assert 7.0 < english.zipf("the") < 8.5
     assert english.zipf("fotosynthese") == 2.0  # the floor
+
+
+def test_english_words_in_the_prompt_block_another_language() -> None:
+    """ "lyrics" is a common English word, ten times as frequent in English as in French: a
+    prompt with it is not a French prompt, whatever the other words say."""
+    clean = "la vie en rose lyrics"
+    assert identify_by_words(clean, [("fr", 0.5), ("es", 0.2), ("en", 0.1)]) is None
+    assert identify_by_words("la vie en rose", [("fr", 0.5), ("es", 0.2), ("en", 0.1)]) == "fr"
+
+
+def test_fasttext_disfavouring_a_language_tenfold_blocks_it() -> None:
+    """The words of "nasi goreng" are Indonesian, but fastText reads the prompt as English
+    (0.51 against 0.035): neither signal overrules the other tenfold."""
+    clean = "nasi goreng"
+    assert identify_by_words(clean, [("en", 0.51), ("id", 0.035)]) is None
+    assert identify_by_words(clean, [("en", 0.3), ("id", 0.2)]) == "id"
+
+
+def test_other_scripts_are_left_to_their_letters() -> None:
+    assert identify_by_words("was 量子 ist", [("de", 0.5), ("zh", 0.3)]) is None

@@ -19,12 +19,17 @@ capitalised words after the first are left out, as names and titles ("Who was Si
 are judged against every listed language; their sums, plus fastText's log probability for each
 (a floor for languages outside its shortlist), give a posterior. A language is taken only when
 
-* it is among fastText's top candidates (the two signals agree on the shortlist);
+* it is among fastText's top candidates, with at least a tenth of the probability of its first
+  (the two signals agree on the shortlist; neither overrules the other tenfold);
 * the words alone favour it over every other listed language by a factor of ten;
 * the combined posterior reaches ``POSTERIOR``;
 * fastText does not prefer a language that has no word list and so cannot be checked;
 * the prompt is not made wholly of common English words (every word at least one in 100,000
-  English words): such a prompt stays English whatever its other readings.
+  English words): such a prompt stays English whatever its other readings;
+* no word is a common English word that English uses ten times as often as the chosen
+  language ("recipe" in "nasi goreng recipe", "lyrics" in "la vie en rose lyrics"): a prompt
+  with English in it is an English prompt naming something foreign, or a mixed one, and an
+  expectation of the other language would abort a correct English answer.
 
 Only Latin-script languages with a wordfreq list take part; other scripts decide by their letters
 before this runs (:mod:`proxy.core.requested_language`). The 26 lists are loaded once per
@@ -67,6 +72,8 @@ FLOOR = 2.0
 CLIP = 2.0
 #: How much the words alone must favour the chosen language over the runner-up (log10).
 MARGIN = 1.0
+#: fastText must not favour another language over the chosen one by more than this factor.
+FASTTEXT_RATIO = 10.0
 #: The combined posterior the chosen language must reach.
 POSTERIOR = 0.95
 #: fastText probability given to a language that is not among its top candidates.
@@ -77,6 +84,7 @@ COMMON_ENGLISH = 4.0
 MAX_WORDS = 16
 
 _WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
+_LATIN = re.compile(r"[a-zß-ɏḀ-ỿ'’]+$")
 
 
 class Frequencies:
@@ -139,12 +147,22 @@ def prompt_words(clean: str) -> list[str]:
     return [normalise(w) for i, w in enumerate(words) if i == 0 or not w[0].isupper()]
 
 
+def _english_word(word: str, lists: list[Frequencies]) -> bool:
+    """A common English word that English uses ten times as often as the other language: it
+    speaks for English ("recipe", "lyrics", "machine"), where "is" or "was" do not."""
+    english = frequencies("en")
+    if english is None:  # pragma: no cover - wordfreq missing
+        return False
+    zipf = english.zipf(word)
+    return zipf >= COMMON_ENGLISH and zipf - max(f.zipf(word) for f in lists) >= MARGIN
+
+
 def identify_by_words(clean: str, candidates: Sequence[tuple[str, float]]) -> str | None:
     """The language of the short Latin-script text ``clean`` given fastText's top
     ``candidates`` (code, probability), or None when the two signals do not agree firmly."""
     words = prompt_words(clean)
-    if not 2 <= len(words) <= MAX_WORDS:
-        return None
+    if not 2 <= len(words) <= MAX_WORDS or not all(_LATIN.match(w) for w in words):
+        return None  # too few words, too many, or not (only) Latin script
     english = _lists("en")
     if english and all(english[0].zipf(w) >= COMMON_ENGLISH for w in words):
         return None  # an English prompt, however fastText reads it
@@ -166,8 +184,12 @@ def identify_by_words(clean: str, candidates: Sequence[tuple[str, float]]) -> st
     choice, runner_up = ranked[0], ranked[1]
     if choice in _NEVER_CHOSEN or choice not in shortlist:
         return None
+    if shortlist[choice] * FASTTEXT_RATIO < max(shortlist.values()):
+        return None  # fastText disfavours it tenfold ("nasi goreng recipe": English 0.51)
     if lexical[choice] - lexical[runner_up] < MARGIN:
         return None
+    if choice != "en" and any(_english_word(w, listed[choice]) for w in words):
+        return None  # English in the prompt ("nasi goreng recipe"): its language is not one
     if any(p > shortlist[choice] for code, p in shortlist.items() if code not in listed):
         return None  # fastText prefers a language whose words cannot be checked
     combined = {
