@@ -17,6 +17,11 @@ expectation exactly as ``rewrite_request`` derives it for a chat request:
 * **wrong**: it expects another language (worse than none: a correct answer is aborted);
 * **English set, non-English expectation**: an English question that expects another language.
 
+The same figures on real prompts: the prompts of ``bench/data/realgen.jsonl.gz`` (prompts in 14
+languages sent to a real engine, ``prompt_language`` their language) and the English
+instructions of the development corpus (``/work/shared/corpus/dev.jsonl``, else
+``tests/data/corpus.jsonl``), which must not expect another language.
+
 Also the cost: milliseconds per prompt (after the first, which loads word lists) and the
 memory the derivation's word lists take.
 """
@@ -24,6 +29,7 @@ memory the derivation's word lists take.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import sys
@@ -43,6 +49,42 @@ DATA = ROOT / "bench" / "data" / "short_questions.jsonl"
 def expectation(text: str) -> str | None:
     body = {"model": "m", "messages": [{"role": "user", "content": text}]}
     return rewrite_request(body, "chat", RewritePolicy()).expected_language
+
+
+def real_prompts() -> dict[str, int]:
+    """Real prompts: realgen's (each expects its language; English none or English) and the
+    corpus's English instructions (none may expect another language)."""
+    seen: set[tuple[str, str]] = set()
+    right = wrong = 0
+    with gzip.open(ROOT / "bench" / "data" / "realgen.jsonl.gz", "rt", encoding="utf-8") as fh:
+        for line in fh:
+            row = json.loads(line)
+            key = (row["prompt_language"], row["prompt"])
+            if key in seen:
+                continue
+            seen.add(key)
+            code = expectation(row["prompt"])
+            lang = row["prompt_language"]
+            if code == lang or (lang == "en" and code is None):
+                right += 1
+            elif code is not None:
+                wrong += 1
+    corpus = Path("/work/shared/corpus/dev.jsonl")
+    if not corpus.is_file():
+        corpus = ROOT / "tests" / "data" / "corpus.jsonl"
+    english = non_english = 0
+    for line in corpus.open(encoding="utf-8"):
+        row = json.loads(line)
+        if row.get("instruction") and row.get("lang") == "en":
+            english += 1
+            non_english += expectation(row["instruction"]) not in (None, "en")
+    return {
+        "realgen_prompts": len(seen),
+        "realgen_expected_right": right,
+        "realgen_expected_wrong": wrong,
+        "corpus_english_instructions": english,
+        "corpus_english_non_english_expectation": non_english,
+    }
 
 
 def main() -> None:
@@ -93,6 +135,7 @@ def main() -> None:
         "ms_per_prompt_warm": round(warm_ms, 3),
         "first_pass_s": round(first_pass, 2),
         "peak_traced_memory_mb": round(memory / 2**20, 1),
+        **real_prompts(),
     }
     print(json.dumps(result, indent=1))
 
