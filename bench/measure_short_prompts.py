@@ -7,8 +7,9 @@
 The data is ``bench/data/short_questions.jsonl``: short questions (2 to 8 words) in 16
 languages and short English questions, many of them naming foreign things ("What is a Japanese
 tea ceremony?", "Who was Simon Bolivar?"). They were written for this project from general
-knowledge, across many topics, and were not used to choose any rule or threshold of the
-derivation (``bench/measure_language.py`` has the development questions).
+knowledge, across many topics, before the word-frequency rules were set (one rule changed
+after a first run on them; docs/language.md says which). ``bench/measure_language.py`` has the
+development questions.
 
 Figures, with default settings (``GUARD_LANGUAGE=off``, ``GUARD_EXPECT_LANGUAGE=prompt``), the
 expectation exactly as ``rewrite_request`` derives it for a chat request:
