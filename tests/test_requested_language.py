@@ -89,7 +89,7 @@ def test_the_injected_instructions_read_back_as_their_language(code: str) -> Non
         ("Почему небо голубое?", "ru"),
         ("Чи є в тебе час?", "uk"),
         ("Was ist das?", "de"),
-        ("Ciao amico", None),  # ten letters of Latin script: too few to tell
+        ("Ciao amico", "it"),  # ten letters: fastText unsure, but both words are Italian
         ("hi", None),
         ("```python\nprint(1)\n```", None),
     ],

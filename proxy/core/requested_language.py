@@ -393,6 +393,8 @@ _MIN_CHARS = 12
 _LONG_CHARS = 20
 _SHORT_CONFIDENCE = 0.90
 _CONFIDENCE = 0.75
+#: fastText candidates handed to the word-frequency judgement of a short prompt.
+_CANDIDATES = 5
 
 
 def prompt_language(text: str) -> str | None:
@@ -434,26 +436,30 @@ def prompt_language(text: str) -> str | None:
         return _identified(clean, None)
     if _VIETNAMESE.search(clean) and len(_ACCENTED.findall(clean)) >= 2:
         return "vi"
-    return _identified(clean, None)
+    return _identified(clean, None, words=True)
 
 
-def _identified(clean: str, within: set[str] | None) -> str | None:
-    """fastText's answer when confident enough for the length (merged pairs summed)."""
-    if len(clean) < _MIN_CHARS:
-        return None
+def _identified(clean: str, within: set[str] | None, *, words: bool = False) -> str | None:
+    """fastText's answer when confident enough for the length (merged pairs summed). When it
+    is not and ``words`` (Latin script), a short prompt's words may still tell: see
+    :mod:`proxy.detect.word_language`."""
     from proxy.detect.language import classify_top
 
+    top = classify_top(clean, _CANDIDATES)
     scores: dict[str, float] = {}
-    for code, prob in classify_top(clean, 3):
+    for code, prob in top[:3]:
         code = _MERGED.get(code, code)
         scores[code] = scores.get(code, 0.0) + prob
-    if not scores:
+    if scores and len(clean) >= _MIN_CHARS:
+        best = max(scores, key=scores.__getitem__)
+        need = _CONFIDENCE if len(clean) >= _LONG_CHARS else _SHORT_CONFIDENCE
+        if scores[best] >= need:
+            return best if within is None or best in within else None
+    if not words:
         return None
-    best = max(scores, key=scores.__getitem__)
-    need = _CONFIDENCE if len(clean) >= _LONG_CHARS else _SHORT_CONFIDENCE
-    if scores[best] < need or (within is not None and best not in within):
-        return None
-    return best
+    from proxy.detect.word_language import identify_by_words
+
+    return identify_by_words(clean, top)
 
 
 def derive(instructions: Iterable[str], last_user: str, *, use_prompt: bool = True) -> Expectation:

@@ -178,14 +178,15 @@ class Lexicon:
         return isinstance(word, str) and not self.unknown(word)
 
 
-def list_path(language: str) -> Path | None:
-    """wordfreq's large list file of ``language``, found without importing wordfreq (whose
-    import pulls in ftfy, regex and langcodes, none of which the signal needs)."""
+def list_path(language: str, size: str = "large") -> Path | None:
+    """wordfreq's list file of ``language`` (``size`` "large" or "small"), found without
+    importing wordfreq (whose import pulls in ftfy, regex and langcodes, none of which the
+    signal needs)."""
     spec = importlib.util.find_spec("wordfreq")
     if spec is None or not spec.submodule_search_locations:  # pragma: no cover - a dependency
         return None
     path = Path(next(iter(spec.submodule_search_locations))) / "data"
-    path /= f"large_{language}.msgpack.gz"
+    path /= f"{size}_{language}.msgpack.gz"
     return path if path.is_file() else None
 
 

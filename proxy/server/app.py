@@ -119,9 +119,12 @@ _WARM_UP_TEXT = (
 ) * 4
 
 
-def _warm_up(config: DetectorConfig, salad_languages: frozenset[str]) -> None:
+def _warm_up(
+    config: DetectorConfig, salad_languages: frozenset[str], *, from_prompt: bool = False
+) -> None:
     from proxy.detect.language import identify_language
     from proxy.detect.salad import lexicon
+    from proxy.detect.word_language import load_all
 
     identify_language(_WARM_UP_TEXT)
     # Salad off here: English has a word list now, and loading it is for the lines below to
@@ -135,6 +138,9 @@ def _warm_up(config: DetectorConfig, salad_languages: frozenset[str]) -> None:
         # would stall every other stream of this worker.
         for language in sorted(salad_languages):
             lexicon(language)
+    if from_prompt:
+        # The word-frequency lists that place a short prompt's language (~10 MB in all).
+        load_all()
 
 
 def _salad_languages(settings: Settings) -> frozenset[str]:
@@ -165,7 +171,13 @@ def create_app(
         if settings.mode != "off":
             # Lazy parts of the detector (the language model: ~0.4 s) load now, not inside the
             # first request, where they would stall every stream of this worker.
-            await asyncio.to_thread(_warm_up, proxy.detector_config, _salad_languages(settings))
+            from_prompt = settings.language == "auto" or settings.expect_language == "prompt"
+            await asyncio.to_thread(
+                _warm_up,
+                proxy.detector_config,
+                _salad_languages(settings),
+                from_prompt=from_prompt,
+            )
         watcher: asyncio.Task[None] | None = None
         if settings.upstream_metrics_interval > 0:
             from proxy.server.engine_watch import watch_upstream_config

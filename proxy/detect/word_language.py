@@ -1,0 +1,202 @@
+"""The language of a short Latin-script prompt, from how often its words occur in each language.
+
+fastText reads character n-grams. On a question of two to eight words ("Fotosentez nedir?",
+"Wat is fotosynthese?") it has too few of them: it spreads its probability over related
+languages and English, and the requested-language derivation rightly refuses to expect a
+language it is unsure of, so a wholly English answer to such a question passes. A reader
+decides those questions by their words: "nedir" is a Turkish word and no other language writes
+it; "wat" is ten thousand times more frequent in Dutch than in English. This module makes that
+second, independent judgement and combines it with fastText's own candidates.
+
+The evidence is a unigram model per language: wordfreq's "small" lists (every word with a
+frequency of at least one in a million in that language's web, subtitle and book text, with its
+frequency in centibels). For each candidate language the prompt's words score their log10
+frequency (a word the list does not hold scores a floor below the list's cut-off). Each word's
+influence is bounded: it can cost a language at most ``CLIP`` (a factor of 100) against the
+language that explains the word best, so one loanword cannot outvote the words around it; and
+capitalised words after the first are left out, as names and titles ("Who was Simon Bolivar?",
+"Tell me about Angkor Wat") say what a prompt is about, not which language it is in. The words
+are judged against every listed language; their sums, plus fastText's log probability for each
+(a floor for languages outside its shortlist), give a posterior. A language is taken only when
+
+* it is among fastText's top candidates, with at least a tenth of the probability of its first
+  (the two signals agree on the shortlist; neither overrules the other tenfold);
+* the words alone favour it over every other listed language by a factor of ten;
+* the combined posterior reaches ``POSTERIOR``;
+* fastText does not prefer a language that has no word list and so cannot be checked;
+* the prompt is not made wholly of common English words (every word at least one in 100,000
+  English words): such a prompt stays English whatever its other readings;
+* no word is a common English word that English uses ten times as often as the chosen
+  language ("recipe" in "nasi goreng recipe", "lyrics" in "la vie en rose lyrics"): a prompt
+  with English in it is an English prompt naming something foreign, or a mixed one, and an
+  expectation of the other language would abort a correct English answer.
+
+Only Latin-script languages with a wordfreq list take part; other scripts decide by their letters
+before this runs (:mod:`proxy.core.requested_language`). The 26 lists are loaded once per
+process, at start-up by the server (:func:`load_all`) or else on the first short prompt (about
+1 s in all), as sorted hashes with their frequency bands: about 10 MB for all of them, instead
+of the several MB per language a dict of the words takes. Scoring a prompt then costs about
+0.1 to 0.2 ms (``bench/measure_short_prompts.py``). Pure otherwise: no I/O.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import math
+import re
+from array import array
+from bisect import bisect_left
+from collections.abc import Sequence
+
+from proxy.detect.salad import list_path, normalise
+
+#: Latin-script languages with a wordfreq "small" list, as fastText names them (Malay is read
+#: with Indonesian, Norwegian as Bokmål, Serbian and Bosnian as Croatian: one list each).
+LISTED: frozenset[str] = frozenset(
+    ("ca", "cs", "da", "de", "en", "es", "fi", "fr", "hr", "hu", "id", "is", "it", "lt", "lv",
+     "nb", "nl", "pl", "pt", "ro", "sk", "sl", "sv", "tl", "tr", "vi")
+)  # fmt: skip
+#: fastText code -> the language it is scored as.
+_GROUP_OF = {"ms": "id", "no": "nb", "nn": "nb", "sr": "hr", "bs": "hr"}
+#: The wordfreq lists of a language, where they differ from its code.
+_LIST_NAMES: dict[str, tuple[str, ...]] = {"id": ("id", "ms"), "tl": ("fil",), "hr": ("sh",)}
+#: Scored (their words are evidence against the others) but never the answer: identification
+#: tells Croatian, Serbian and Bosnian apart by chance, and an expectation of one would judge
+#: an answer identified as another as drift.
+_NEVER_CHOSEN = frozenset({"hr"})
+
+#: A word a list does not hold is rarer than one in a million; it scores a tenth of that.
+FLOOR = 2.0
+#: The most one word can cost a language against the language that explains it best (log10).
+CLIP = 2.0
+#: How much the words alone must favour the chosen language over the runner-up (log10).
+MARGIN = 1.0
+#: fastText must not favour another language over the chosen one by more than this factor.
+FASTTEXT_RATIO = 10.0
+#: The combined posterior the chosen language must reach.
+POSTERIOR = 0.95
+#: fastText probability given to a language that is not among its top candidates.
+_ABSENT = 0.01
+#: A common English word: at least one in 100,000 words of English (Zipf 4).
+COMMON_ENGLISH = 4.0
+#: Prompts longer than this are not "short": fastText's unsureness there means mixed text.
+MAX_WORDS = 16
+
+_WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
+_LATIN = re.compile(r"[a-zß-ɏḀ-ỿ'’]+$")
+
+
+class Frequencies:
+    """One language's word list: sorted word hashes and, in step, their frequency bands."""
+
+    def __init__(self, hashes: array[int], bands: array[int]) -> None:
+        self.hashes = hashes
+        self.bands = bands
+
+    def zipf(self, word: str) -> float:
+        """log10 of the word's frequency per 10⁹ words (wordfreq's Zipf scale), or the floor."""
+        h = hash(word)
+        i = bisect_left(self.hashes, h)
+        if i == len(self.hashes) or self.hashes[i] != h:
+            return FLOOR
+        return 9.0 - self.bands[i] / 100.0
+
+    def __len__(self) -> int:
+        return len(self.hashes)
+
+
+@functools.cache
+def frequencies(name: str) -> Frequencies | None:
+    """wordfreq's small list ``name`` (a wordfreq list name), loaded on first use, else None."""
+    path = list_path(name, "small")
+    if path is None:
+        return None
+    import msgpack
+
+    pairs: list[tuple[int, int]] = []
+    with gzip.open(path, "rb") as fh:
+        unpacker = msgpack.Unpacker(fh, raw=False)
+        count = unpacker.read_array_header()
+        header = unpacker.unpack()
+        if not isinstance(header, dict) or header.get("format") != "cB":
+            raise ValueError(f"{path}: not a wordfreq cBpack file")
+        # Band i holds the words of frequency 10^(-i/100).
+        for band in range(count - 1):
+            pairs.extend((hash(word), band) for word in unpacker.unpack())
+    pairs.sort()
+    return Frequencies(array("q", (h for h, _ in pairs)), array("H", (b for _, b in pairs)))
+
+
+def load_all() -> None:
+    """Load every list now (at start-up), not inside the first request that needs one."""
+    for code in sorted(LISTED):
+        _lists(code)
+
+
+def _lists(code: str) -> list[Frequencies]:
+    found = [frequencies(name) for name in _LIST_NAMES.get(code, (code,))]
+    return [f for f in found if f is not None]
+
+
+def prompt_words(clean: str) -> list[str]:
+    """The words of a cleaned prompt that say which language it is written in, normalised as
+    wordfreq stores them. Capitalised words after the first are names and titles ("Simon
+    Bolivar", "Sturm und Drang"): they say what the prompt is about, not its language."""
+    words = _WORD.findall(clean)
+    return [normalise(w) for i, w in enumerate(words) if i == 0 or not w[0].isupper()]
+
+
+def _english_word(word: str, lists: list[Frequencies]) -> bool:
+    """A common English word that English uses ten times as often as the other language: it
+    speaks for English ("recipe", "lyrics", "machine"), where "is" or "was" do not."""
+    english = frequencies("en")
+    if english is None:  # pragma: no cover - wordfreq missing
+        return False
+    zipf = english.zipf(word)
+    return zipf >= COMMON_ENGLISH and zipf - max(f.zipf(word) for f in lists) >= MARGIN
+
+
+def identify_by_words(clean: str, candidates: Sequence[tuple[str, float]]) -> str | None:
+    """The language of the short Latin-script text ``clean`` given fastText's top
+    ``candidates`` (code, probability), or None when the two signals do not agree firmly."""
+    words = prompt_words(clean)
+    if not 2 <= len(words) <= MAX_WORDS or not all(_LATIN.match(w) for w in words):
+        return None  # too few words, too many, or not (only) Latin script
+    english = _lists("en")
+    if english and all(english[0].zipf(w) >= COMMON_ENGLISH for w in words):
+        return None  # an English prompt, however fastText reads it
+    shortlist: dict[str, float] = {}
+    for code, prob in candidates:
+        code = _GROUP_OF.get(code, code)
+        shortlist[code] = shortlist.get(code, 0.0) + prob
+    # The words are judged against every listed language, not only fastText's shortlist: on a
+    # few words its shortlist can miss the language altogether ("Vem var …?" is Swedish;
+    # fastText offered Malay, Serbian, Norwegian, Albanian).
+    listed = {code: lists for code in sorted(LISTED) if (lists := _lists(code))}
+    lexical = dict.fromkeys(listed, 0.0)
+    for word in words:
+        scores = {code: max(f.zipf(word) for f in lists) for code, lists in listed.items()}
+        best = max(scores.values())
+        for code, score in scores.items():
+            lexical[code] += max(score - best, -CLIP)
+    ranked = sorted(lexical, key=lexical.__getitem__, reverse=True)
+    choice, runner_up = ranked[0], ranked[1]
+    if choice in _NEVER_CHOSEN or choice not in shortlist:
+        return None
+    if shortlist[choice] * FASTTEXT_RATIO < max(shortlist.values()):
+        return None  # fastText disfavours it tenfold ("nasi goreng recipe": English 0.51)
+    if lexical[choice] - lexical[runner_up] < MARGIN:
+        return None
+    if choice != "en" and any(_english_word(w, listed[choice]) for w in words):
+        return None  # English in the prompt ("nasi goreng recipe"): its language is not one
+    if any(p > shortlist[choice] for code, p in shortlist.items() if code not in listed):
+        return None  # fastText prefers a language whose words cannot be checked
+    combined = {
+        code: math.log10(max(shortlist.get(code, 0.0), _ABSENT)) + lexical[code] for code in listed
+    }
+    top = max(combined.values())
+    total = sum(10 ** (score - top) for score in combined.values())
+    if 10 ** (combined[choice] - top) / total < POSTERIOR:
+        return None
+    return choice
