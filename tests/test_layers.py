@@ -170,3 +170,9 @@ def test_the_architecture_page_maps_every_module() -> None:
     assert done.returncode == 0, done.stderr
     page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     assert "| `guard.py` | The guard's per-request state machine" in page
+
+
+def test_no_module_over_500_lines() -> None:
+    """A module is one idea a reader holds at once; past 500 lines it has become two."""
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 500}
+    assert long == {}

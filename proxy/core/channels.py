@@ -37,11 +37,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from proxy.detect import Detector, Summary, Verdict
 
 if TYPE_CHECKING:
+    from proxy.core.guard import BlockState
     from proxy.detect import DetectorConfig
 
 Channel = Literal["content", "reasoning", "tool"]
@@ -166,3 +167,22 @@ def merge(answer: Summary, side: SideChannels | None, verdict: Verdict | None) -
 def _worst(pick: Callable[[list[float]], float], values: list[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return pick(present) if present else None
+
+
+def feed_channel(
+    state: BlockState, channel: Channel, text: str, tokens: int, logprobs: list[Any] | None
+) -> Verdict | None:
+    """``text`` to ``state``'s detector for ``channel`` (see :mod:`proxy.core.channels`); a verdict
+    comes back with its onset in block offsets and its channel named. ``state.chars`` is the
+    block offset of ``text`` (the caller adds its length after)."""
+    if channel == "content":
+        verdict = state.detector.feed(text, tokens=tokens, logprobs=logprobs)
+        if verdict is not None and state.side is not None:
+            verdict = state.side.place(verdict, "content")
+        return verdict
+    side = state.side
+    if side is None:
+        side = state.side = SideChannels(state.detector.config)
+    side.note(channel, state.chars, len(text))
+    verdict = side.detector(channel).feed(text, tokens=tokens, logprobs=logprobs)
+    return None if verdict is None else side.place(verdict, channel)

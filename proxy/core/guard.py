@@ -24,126 +24,29 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MethodType
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from proxy.core import channels, chunks
+from proxy.core import channels, chunks, reassemble
 from proxy.core.channels import Channel, SideChannels
 from proxy.core.chunks import ENGINE_REPETITION, Piece
-from proxy.core.reassemble import chat_response
+from proxy.core.policy import GuardPolicy, Mode
 from proxy.core.records import ChoiceRecord, DetectionAction, Endpoint, Outcome
-from proxy.core.sse import DONE, DONE_EVENT, MAX_EVENT_BYTES, SSEParser, encode_data
-from proxy.core.surfaces import SURFACES
+from proxy.core.sse import DONE, DONE_EVENT, SSEParser, encode_data
+from proxy.core.surfaces import surface_for
+from proxy.core.surfaces.chat import ChatSurface
 from proxy.detect import Detector, Summary, Verdict
 from proxy.errors import GuardError, UpstreamError
 
 if TYPE_CHECKING:
-    from proxy.core.rewrite import Rewrite
+    pass
 
-Mode = Literal["enforce", "monitor", "off", "heal"]
 
 #: vLLM's own loop stop (``repetition_detection``): the engine did the guard's job, so the client
 #: sees it as ``GUARD_ABORT_FINISH_REASON`` says while metrics keep the engine's reason.
 
 __all__ = ["BlockState", "ChoiceState", "GuardPolicy", "Mode", "StreamGuard", "Surface"]
-
-
-@dataclass(frozen=True, slots=True)
-class GuardPolicy:
-    """How one request is relayed, resolved once before the first byte (the hot path reads
-    fields, it never re-derives them).
-
-    ``strip_chunk_usage`` / ``strip_final_usage`` remove the per-chunk and the final usage the
-    proxy asked for on its own account (``usage_null``: written as ``"usage": null``, as vLLM's
-    completions chunks do, instead of removed); ``collect`` keeps the text for a non-streamed
-    answer; ``map_engine_repetition`` shows vLLM's own ``repetition`` stop as
-    ``abort_finish_reason``.
-    """
-
-    endpoint: Endpoint = "chat"
-    mode: Mode = "enforce"
-    n: int = 1
-    abort_finish_reason: str = "content_filter"
-    strip_chunk_usage: bool = False
-    strip_final_usage: bool = False
-    client_wants_usage: bool = True
-    collect: bool = False
-    usage_null: bool = False
-    map_engine_repetition: bool = True
-    #: GUARD_MAX_EVENT_BYTES: one SSE event larger than this ends the stream with an error.
-    max_event_bytes: int = MAX_EVENT_BYTES
-    #: The proxy asked for logprobs the client did not: fed to the detector, then each choice's
-    #: ``logprobs`` is written ``null``, as the engine writes it when nobody asks.
-    strip_logprobs: bool = False
-    #: GUARD_RESPONSES_ABORT_EVENT: the event that ends an aborted Responses stream
-    #: (``completed``: vLLM's own early-stop ending; ``incomplete``: ``response.incomplete``).
-    abort_event: str = "completed"
-
-    @classmethod
-    def create(
-        cls,
-        *,
-        endpoint: Endpoint = "chat",
-        mode: Mode = "enforce",
-        n: int = 1,
-        abort_finish_reason: str = "content_filter",
-        strip_chunk_usage: bool = False,
-        strip_final_usage: bool = False,
-        client_wants_usage: bool = True,
-        collect: bool = False,
-        usage_null: bool = False,
-        max_event_bytes: int = MAX_EVENT_BYTES,
-        strip_logprobs: bool = False,
-        abort_event: str = "completed",
-    ) -> GuardPolicy:
-        """The policy with its derived fields filled in."""
-        return cls(
-            endpoint=endpoint,
-            mode=mode,
-            n=n,
-            abort_finish_reason=abort_finish_reason,
-            strip_chunk_usage=strip_chunk_usage,
-            strip_final_usage=strip_final_usage,
-            client_wants_usage=client_wants_usage,
-            collect=collect,
-            usage_null=usage_null,
-            map_engine_repetition=mode != "off" and abort_finish_reason != ENGINE_REPETITION,
-            max_event_bytes=max_event_bytes,
-            strip_logprobs=strip_logprobs,
-            abort_event=abort_event,
-        )
-
-    @classmethod
-    def for_request(
-        cls,
-        endpoint: Endpoint,
-        rw: Rewrite,
-        mode: Mode,
-        *,
-        abort_finish_reason: str,
-        injected_usage: bool,
-        client_continuous: bool,
-        max_event_bytes: int = MAX_EVENT_BYTES,
-        abort_event: str = "completed",
-    ) -> GuardPolicy:
-        """What the app relays for a rewritten request: ``injected_usage`` says the proxy asked
-        for usage itself, ``client_continuous`` that the client asked for per-chunk usage."""
-        wants = rw.client_wants_usage and rw.client_stream
-        return cls.create(
-            endpoint=endpoint,
-            mode=mode,
-            n=rw.n,
-            abort_finish_reason=abort_finish_reason,
-            strip_chunk_usage=injected_usage and rw.client_stream and not client_continuous,
-            strip_final_usage=injected_usage and rw.client_stream and not wants,
-            client_wants_usage=wants,
-            collect=not rw.client_stream,
-            usage_null=endpoint == "completions",
-            max_event_bytes=max_event_bytes,
-            strip_logprobs=rw.injected_logprobs,
-            abort_event=abort_event,
-        )
 
 
 @dataclass(slots=True)
@@ -216,12 +119,12 @@ class StreamGuard:
         self._make_detector = make_detector
         self.surface: Surface = surface or surface_for(policy.endpoint)
         #: Chat's own event handler is a method (the hot path skips one call); others dispatch.
-        if not isinstance(self.surface, _ChatSurface):
+        if not isinstance(self.surface, ChatSurface):
             self._event = MethodType(_surface_event, self)  # type: ignore[method-assign]
         self.parser = SSEParser(policy.max_event_bytes)
         #: Chat and completions streamed to the client take :meth:`_text_event` for plain text
         #: chunks (a non-streamed answer keeps every piece, so it always parses).
-        self._fast = isinstance(self.surface, _ChatSurface) and not policy.collect
+        self._fast = isinstance(self.surface, ChatSurface) and not policy.collect
         self.choices: dict[int, BlockState] = {}
         self.done = False
         #: The stream's terminal event arrived (``[DONE]``, ``response.completed``, ...).
@@ -249,7 +152,7 @@ class StreamGuard:
         their own ending events around it."""
         self.first_content = True
         state.tokens += 1
-        verdict = feed_channel(state, channel, text, 1, None)
+        verdict = channels.feed_channel(state, channel, text, 1, None)
         state.chars += len(text)
         if verdict is None or state.verdict is not None:
             return None
@@ -348,7 +251,7 @@ class StreamGuard:
                 pieces = None
                 if self.policy.collect:
                     pieces = chunks.choice_pieces(choice)
-                    self._collect(state, pieces)
+                    reassemble.collect_pieces(state, pieces)
                 lp = choice.get("logprobs")
                 entries = None if lp is None else chunks.logprobs_entries(lp)
                 if not chunks.has_side_text(choice):
@@ -361,7 +264,7 @@ class StreamGuard:
                         state, pieces or chunks.choice_pieces(choice), tokens, entries
                     )
             if self.policy.collect:
-                self._collect_extra(state, choice)
+                reassemble.collect_extra(state, choice, strip_logprobs=self.policy.strip_logprobs)
             if (
                 verdict is not None
                 and state.verdict is None
@@ -415,7 +318,7 @@ class StreamGuard:
         verdict = None
         for piece in pieces:
             channel = channels.channel_of(piece.channel)
-            found = feed_channel(state, channel, piece.text, tokens, entries)
+            found = channels.feed_channel(state, channel, piece.text, tokens, entries)
             tokens, entries = 0, None
             state.chars += len(piece.text)
             if verdict is None:
@@ -557,42 +460,6 @@ class StreamGuard:
             )
         return out
 
-    # ------------------------------------------------------------------ non-streaming
-    def _collect(self, state: ChoiceState, pieces: list[Piece]) -> None:
-        offset = state.chars
-        for p in pieces:
-            state.pieces.append((offset, p))
-            offset += len(p.text)
-
-    def _collect_extra(self, state: ChoiceState, choice: dict[str, Any]) -> None:
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            calls = delta.get("tool_calls")
-            if isinstance(calls, list):
-                for call in calls:
-                    if not isinstance(call, dict):
-                        continue
-                    ti = call.get("index", 0)
-                    slot = state.tools.setdefault(ti if isinstance(ti, int) else 0, {})
-                    for key in ("id", "type"):
-                        if call.get(key) is not None:
-                            slot[key] = call[key]
-                    fn = call.get("function")
-                    if isinstance(fn, dict) and fn.get("name"):
-                        slot["name"] = fn["name"]
-        lp = None if self.policy.strip_logprobs else choice.get("logprobs")
-        if isinstance(lp, dict):
-            content = lp.get("content")
-            if isinstance(content, list):
-                state.logprobs = (state.logprobs or []) + content
-            elif "tokens" in lp:
-                acc = state.completion_logprobs or {}
-                for key in ("text_offset", "token_logprobs", "tokens", "top_logprobs"):
-                    val = lp.get(key)
-                    if isinstance(val, list):
-                        acc.setdefault(key, []).extend(val)
-                state.completion_logprobs = acc
-
     def response(self, endpoint: Endpoint | None = None, *, trim: bool) -> dict[str, Any]:
         """The answer the engine would have given a non-streaming client (see
         :mod:`proxy.core.reassemble`); an aborted block is cut at its onset when ``trim`` is set.
@@ -602,47 +469,5 @@ class StreamGuard:
         return self.surface.response(self, trim)
 
 
-def feed_channel(
-    state: BlockState, channel: Channel, text: str, tokens: int, logprobs: list[Any] | None
-) -> Verdict | None:
-    """``text`` to ``state``'s detector for ``channel`` (see :mod:`proxy.core.channels`); a verdict
-    comes back with its onset in block offsets and its channel named. ``state.chars`` is the
-    block offset of ``text`` (the caller adds its length after)."""
-    if channel == "content":
-        verdict = state.detector.feed(text, tokens=tokens, logprobs=logprobs)
-        if verdict is not None and state.side is not None:
-            verdict = state.side.place(verdict, "content")
-        return verdict
-    side = state.side
-    if side is None:
-        side = state.side = SideChannels(state.detector.config)
-    side.note(channel, state.chars, len(text))
-    verdict = side.detector(channel).feed(text, tokens=tokens, logprobs=logprobs)
-    return None if verdict is None else side.place(verdict, channel)
-
-
 def _surface_event(guard: StreamGuard, raw: bytes, data: bytes | None) -> bytes:
     return guard.surface.event(guard, raw, data)
-
-
-class _ChatSurface:
-    """Chat and completions: the event handler is :meth:`StreamGuard._event` itself."""
-
-    def event(self, guard: StreamGuard, raw: bytes, data: bytes | None) -> bytes:
-        return guard._event(raw, data)
-
-    def failure(self, guard: StreamGuard, error: GuardError) -> bytes:
-        return encode_data(error.to_json()) + DONE_EVENT
-
-    def response(self, guard: StreamGuard, trim: bool) -> dict[str, Any]:
-        return chat_response(guard, trim=trim)
-
-
-CHAT = _ChatSurface()
-
-
-def surface_for(endpoint: Endpoint) -> Surface:
-    """The surface that relays ``endpoint``."""
-    if endpoint in ("chat", "completions"):
-        return CHAT
-    return SURFACES[endpoint]

@@ -1,16 +1,14 @@
 """``GUARD_MODE=heal``: cut a degenerate choice back to where the loop began and let the engine
 finish the answer from there, as the same choice of the same response.
 
-Pure, like :mod:`proxy.core.guard` (:mod:`proxy.server.guarded` does the I/O). Which requests
-can be healed and what is asked: :mod:`proxy.core.heal_request`; where to cut: :mod:`.heal_cut`.
-
-* :class:`HealGuard` — a :class:`proxy.core.guard.StreamGuard` for one *stage* (the first request or
-  one continuation). It relays through the ordinary chat/completions event handler (so the
-  ``enforce``/``monitor``/``off`` hot path is untouched) and adds, on top, a hold-back window of
-  the last ``holdback_tokens`` text chunks: a loop whose onset lies inside the window is cut
-  before the client saw any of it. A continuation stage rewrites the engine's chunks to the
-  first response's ``id``/``created``/``model`` and drops its role chunk, so the client reads one
-  response.
+Pure (the I/O is :mod:`proxy.server.heal_stages`'s). Which requests can be healed and what is
+asked: :mod:`proxy.core.heal_request`; where to cut: :mod:`.heal_cut`.
+:class:`HealGuard` is a :class:`proxy.core.guard.StreamGuard` for one *stage* (the first request or
+one continuation). It relays through the ordinary chat/completions event handler (so the
+``enforce``/``monitor``/``off`` hot path is untouched) and adds, on top, a hold-back window of the
+last ``holdback_tokens`` text chunks: a loop whose onset lies inside the window is cut before the
+client saw any of it. A continuation stage rewrites the engine's chunks to the first response's
+``id``/``created``/``model`` and drops its role chunk, so the client reads one response.
 
 Why a window and not "cut at the onset": text already sent cannot be unsent. When the onset lies
 before what the client already holds, the cut moves forward to the end of what it holds, so what
@@ -29,7 +27,7 @@ import orjson
 
 from proxy.core import chunks
 from proxy.core.chunks import ENGINE_REPETITION
-from proxy.core.guard import BlockState, GuardPolicy, StreamGuard
+from proxy.core.guard import BlockState, StreamGuard
 from proxy.core.heal_cut import (
     answer_language,
     chunk_object,
@@ -40,6 +38,7 @@ from proxy.core.heal_cut import (
     worse_vocabulary,
 )
 from proxy.core.heal_request import NO_RETRY_SIGNALS, HealCarry, HealPolicy
+from proxy.core.policy import GuardPolicy
 from proxy.core.reassemble import chat_response
 from proxy.core.records import ChoiceRecord, Endpoint
 from proxy.core.sse import DONE, DONE_EVENT, encode_data

@@ -19,7 +19,8 @@ from proxy.core import chunks
 from proxy.core.chunks import ENGINE_REPETITION
 
 if TYPE_CHECKING:
-    from proxy.core.guard import StreamGuard
+    from proxy.core.chunks import Piece
+    from proxy.core.guard import BlockState, StreamGuard
 
 
 def chat_response(guard: StreamGuard, *, trim: bool) -> dict[str, Any]:
@@ -93,3 +94,43 @@ def chat_response(guard: StreamGuard, *, trim: bool) -> dict[str, Any]:
     else:
         out["usage"] = guard.usage
     return out
+
+
+def collect_pieces(state: BlockState, pieces: list[Piece]) -> None:
+    """Keep a block's pieces (with their offsets) for the non-streamed answer."""
+    offset = state.chars
+    for p in pieces:
+        state.pieces.append((offset, p))
+        offset += len(p.text)
+
+
+def collect_extra(state: BlockState, choice: dict[str, Any], *, strip_logprobs: bool) -> None:
+    """Keep what a non-streamed chat/completions answer carries beside its text: tool-call ids,
+    types and names, and the logprobs (unless the proxy asked for them itself)."""
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        calls = delta.get("tool_calls")
+        if isinstance(calls, list):
+            for call in calls:
+                if not isinstance(call, dict):
+                    continue
+                ti = call.get("index", 0)
+                slot = state.tools.setdefault(ti if isinstance(ti, int) else 0, {})
+                for key in ("id", "type"):
+                    if call.get(key) is not None:
+                        slot[key] = call[key]
+                fn = call.get("function")
+                if isinstance(fn, dict) and fn.get("name"):
+                    slot["name"] = fn["name"]
+    lp = None if strip_logprobs else choice.get("logprobs")
+    if isinstance(lp, dict):
+        content = lp.get("content")
+        if isinstance(content, list):
+            state.logprobs = (state.logprobs or []) + content
+        elif "tokens" in lp:
+            acc = state.completion_logprobs or {}
+            for key in ("text_offset", "token_logprobs", "tokens", "top_logprobs"):
+                val = lp.get(key)
+                if isinstance(val, list):
+                    acc.setdefault(key, []).extend(val)
+            state.completion_logprobs = acc

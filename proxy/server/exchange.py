@@ -18,13 +18,14 @@ from typing import Any
 
 import orjson
 
-from proxy.core.guard import GuardPolicy, Mode, StreamGuard
+from proxy.core.guard import StreamGuard
 from proxy.core.heal import HealGuard
 from proxy.core.heal_request import (
     HealPolicy,
     constrained,
     unhealable,
 )
+from proxy.core.policy import GuardPolicy, Mode
 from proxy.core.records import Endpoint
 from proxy.core.rewrite import Rewrite, rewrite_request
 from proxy.detect import Detector

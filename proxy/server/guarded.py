@@ -15,10 +15,11 @@ from typing import Any
 
 import orjson
 
-from proxy.core.guard import Mode, StreamGuard
+from proxy.core.guard import StreamGuard
 from proxy.core.heal_request import (
     HealPolicy,
 )
+from proxy.core.policy import Mode
 from proxy.core.records import Endpoint
 from proxy.core.retries import AbortMemory, defended, retry_keys
 from proxy.core.rewrite import Rewrite, rewrite_request

@@ -1,5 +1,6 @@
 """The generation surfaces beside chat and completions, each a :class:`proxy.core.guard.Surface`.
 
+* :mod:`proxy.core.surfaces.chat` — chat and completions: the guard's own event handler.
 * :mod:`proxy.core.surfaces.responses` — ``POST /v1/responses`` (OpenAI Responses API): one
   detector per output item, a verdict ends the stream with ``response.completed`` whose status is
   ``incomplete`` (as the engine ends a response it stopped early).
@@ -16,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from proxy.core.records import Endpoint
+from proxy.core.surfaces.chat import CHAT
 from proxy.core.surfaces.messages import MESSAGES
 from proxy.core.surfaces.responses import RESPONSES
 
@@ -24,4 +27,11 @@ if TYPE_CHECKING:
 
 SURFACES: Mapping[str, Surface] = {"responses": RESPONSES, "messages": MESSAGES}
 
-__all__ = ["SURFACES"]
+__all__ = ["CHAT", "SURFACES", "surface_for"]
+
+
+def surface_for(endpoint: Endpoint) -> Surface:
+    """The surface that relays ``endpoint``."""
+    if endpoint in ("chat", "completions"):
+        return CHAT
+    return SURFACES[endpoint]
