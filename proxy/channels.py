@@ -135,11 +135,13 @@ class SideChannels:
         )
 
 
-def merge(answer: Summary, side: SideChannels | None, verdict: Verdict | None) -> Summary:
+def merge(
+    answer: Summary, side: SideChannels | None, verdict: Verdict | None, *, judge_end: bool = True
+) -> Summary:
     """One summary for the block: characters and tokens summed over its channels, the worst
     window of each signal, and the block's verdict (``verdict``, the first that fired while
     streaming, already in block offsets; else the first channel whose end-of-stream judgement
-    found one)."""
+    found one; ``judge_end`` as in :meth:`proxy.detect.Detector.finish`)."""
     found = verdict
     if side is None or not side.detectors:
         if found is None:
@@ -149,7 +151,7 @@ def merge(answer: Summary, side: SideChannels | None, verdict: Verdict | None) -
         found = side.place(answer.verdict, "content")
     parts = [answer]
     for channel, det in side.detectors.items():
-        summary = det.finish()
+        summary = det.finish(judge_end=judge_end)
         parts.append(summary)
         if found is None and summary.verdict is not None:
             found = side.place(summary.verdict, channel)

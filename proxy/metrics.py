@@ -259,7 +259,10 @@ class Metrics:
         self._detections = _Children(
             Counter(
                 "guard_detections",
-                "Choices judged degenerate, by signal; action=observed in monitor mode.",
+                "Choices judged degenerate, by signal; action=observed in monitor mode and for "
+                "a verdict that came when nothing was left to stop. A streamed answer counts "
+                "when a check fired while it streamed; the end-of-stream judgement (answers too "
+                "short for the streaming checks) runs on non-streamed answers only.",
                 ("model", "signal", "action"),
                 registry=q,
             )

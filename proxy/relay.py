@@ -172,10 +172,12 @@ class BlockState:
     #: :mod:`proxy.channels`).
     side: SideChannels | None = None
 
-    def finish(self) -> Summary:
-        """The block's summary over all its channels, computed once when it ends."""
+    def finish(self, *, judge_end: bool = True) -> Summary:
+        """The block's summary over all its channels, computed once when it ends;
+        ``judge_end`` as in :meth:`Detector.finish`."""
         if self.summary is None:
-            self.summary = channels.merge(self.detector.finish(), self.side, self.verdict)
+            answer = self.detector.finish(judge_end=judge_end)
+            self.summary = channels.merge(answer, self.side, self.verdict, judge_end=judge_end)
         return self.summary
 
 
@@ -546,7 +548,9 @@ class StreamGuard:
         out = []
         for index in sorted(self.choices):
             st = self.choices[index]
-            summary = st.finish()
+            # A streamed answer has reached the client whole by now: the end-of-stream
+            # judgement could not change it, so only a non-streamed one pays for it.
+            summary = st.finish(judge_end=self.policy.collect)
             if st.action is None and summary.verdict is not None:
                 st.action = "observed"  # judged when the choice ended: nothing left to stop
             out.append(

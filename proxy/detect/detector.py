@@ -129,11 +129,17 @@ class Detector:
                 return self._check(final=False)
         return None
 
-    def finish(self) -> Summary:
-        """Evaluate what is left and return the per-choice summary."""
+    def finish(self, *, judge_end: bool = True) -> Summary:
+        """Evaluate what is left and return the per-choice summary.
+
+        ``judge_end=False`` leaves out the end-of-stream judgement (:meth:`_judge_end`): a caller
+        whose text has already been delivered (a streamed answer) cannot act on its verdict,
+        and it is the costliest step of a short stream. The last window check still runs: it
+        is part of streaming (its text was fed), so a verdict it finds is what streaming finds.
+        """
         if self._verdict is None and self._pending_chars:
             self._check(final=True)
-        if self._verdict is None and self._chars and self.config.end_judgement:
+        if self._verdict is None and self._chars and judge_end and self.config.end_judgement:
             self._judge_end()
         return Summary(
             self._chars,

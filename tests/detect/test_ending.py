@@ -199,19 +199,40 @@ def test_a_list_item_with_a_bracket_and_a_semicolon_is_prose() -> None:
     assert verdict is not None and verdict.signal == "language-drift"
 
 
-def test_a_verdict_at_the_end_of_a_relayed_stream_is_recorded_as_observed() -> None:
-    """The relay cannot act on a verdict given when the choice has ended, but it records it,
-    so the detection reaches the metrics; the client's bytes are untouched."""
+def test_a_verdict_at_the_end_of_a_non_streamed_answer_is_recorded_as_observed() -> None:
+    """The relay cannot act on a verdict given when the choice has ended, but it records it for
+    a non-streamed answer, so the detection reaches the metrics."""
     from proxy.relay import GuardPolicy, StreamGuard
     from tests.test_relay import stream as sse_stream
 
+    whole = sse_stream([SHORT_DRIFT])
+    guard = StreamGuard(
+        GuardPolicy.create(mode="enforce", collect=True), lambda: Detector(expected_language="it")
+    )
+    guard.feed(whole)
+    guard.eof()
+    [record] = guard.records(None)
+    assert record.detection_action == "observed"
+    assert record.summary is not None and record.summary.verdict is not None
+    assert record.summary.verdict.signal == "language-drift"
+    assert guard.outcome() == "completed"
+
+
+def test_a_streamed_answer_skips_the_end_judgement() -> None:
+    """A streamed answer has reached the client whole when it ends: the end-of-stream
+    judgement could change nothing, so the relay does not pay for it (the metric counts what
+    the streaming checks found); the client's bytes are untouched either way."""
+    from proxy.relay import GuardPolicy, StreamGuard
+    from tests.test_relay import stream as sse_stream
+
+    assert stream(SHORT_DRIFT, expected_language="it").verdict is not None  # judged at the end
     whole = sse_stream([SHORT_DRIFT])
     guard = StreamGuard(
         GuardPolicy.create(mode="enforce"), lambda: Detector(expected_language="it")
     )
     assert guard.feed(whole) + guard.eof() == whole
     [record] = guard.records(None)
-    assert record.detection_action == "observed"
-    assert record.summary is not None and record.summary.verdict is not None
-    assert record.summary.verdict.signal == "language-drift"
+    assert record.detection_action is None
+    assert record.summary is not None and record.summary.verdict is None
+    assert record.summary.chars == len(SHORT_DRIFT)
     assert guard.outcome() == "completed"
