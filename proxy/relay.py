@@ -548,8 +548,8 @@ class StreamGuard:
         out = []
         for index in sorted(self.choices):
             st = self.choices[index]
-            # A streamed answer has reached the client whole by now: the end-of-stream
-            # judgement could not change it, so only a non-streamed one pays for it.
+            # A streamed answer has reached the client whole by now: nothing judged after its
+            # end could change it, so only a non-streamed one pays for the end's evaluations.
             summary = st.finish(judge_end=self.policy.collect)
             if st.action is None and summary.verdict is not None:
                 st.action = "observed"  # judged when the choice ended: nothing left to stop

@@ -132,14 +132,15 @@ class Detector:
     def finish(self, *, judge_end: bool = True) -> Summary:
         """Evaluate what is left and return the per-choice summary.
 
-        ``judge_end=False`` leaves out the end-of-stream judgement (:meth:`_judge_end`): a caller
-        whose text has already been delivered (a streamed answer) cannot act on its verdict,
-        and it is the costliest step of a short stream. The last window check still runs: it
-        is part of streaming (its text was fed), so a verdict it finds is what streaming finds.
+        ``judge_end=False`` leaves out every evaluation after the end (the check of the text
+        fed since the last one, and the end-of-stream judgement, :meth:`_judge_end`): a caller
+        whose text has already been delivered (a streamed answer) cannot act on a verdict they
+        find, and on a short stream they cost more than all its streaming checks together
+        (fastText on each sentence). The summary then covers what the streaming checks saw.
         """
-        if self._verdict is None and self._pending_chars:
+        if judge_end and self._verdict is None and self._pending_chars:
             self._check(final=True)
-        if self._verdict is None and self._chars and judge_end and self.config.end_judgement:
+        if judge_end and self._verdict is None and self._chars and self.config.end_judgement:
             self._judge_end()
         return Summary(
             self._chars,

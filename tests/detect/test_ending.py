@@ -220,8 +220,9 @@ def test_a_verdict_at_the_end_of_a_non_streamed_answer_is_recorded_as_observed()
 
 def test_a_streamed_answer_skips_the_end_judgement() -> None:
     """A streamed answer has reached the client whole when it ends: the end-of-stream
-    judgement could change nothing, so the relay does not pay for it (the metric counts what
-    the streaming checks found); the client's bytes are untouched either way."""
+    judgement (and the check of the last, partial window) could change nothing, so the relay
+    does not pay for them (the metric counts what the streaming checks found); the client's
+    bytes are untouched either way."""
     from proxy.relay import GuardPolicy, StreamGuard
     from tests.test_relay import stream as sse_stream
 
