@@ -63,7 +63,7 @@ class NullDetector(Detector):
     ) -> None:
         self._n += 1
 
-    def finish(self, *, judge_end: bool = True) -> Summary:
+    def finish(self, *, end_drift: bool = True) -> Summary:
         return Summary(0, self._n, None, None, None, None)
 
 

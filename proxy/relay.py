@@ -172,12 +172,12 @@ class BlockState:
     #: :mod:`proxy.channels`).
     side: SideChannels | None = None
 
-    def finish(self, *, judge_end: bool = True) -> Summary:
+    def finish(self, *, end_drift: bool = True) -> Summary:
         """The block's summary over all its channels, computed once when it ends;
-        ``judge_end`` as in :meth:`Detector.finish`."""
+        ``end_drift`` as in :meth:`Detector.finish`."""
         if self.summary is None:
-            answer = self.detector.finish(judge_end=judge_end)
-            self.summary = channels.merge(answer, self.side, self.verdict, judge_end=judge_end)
+            answer = self.detector.finish(end_drift=end_drift)
+            self.summary = channels.merge(answer, self.side, self.verdict, end_drift=end_drift)
         return self.summary
 
 
@@ -548,9 +548,9 @@ class StreamGuard:
         out = []
         for index in sorted(self.choices):
             st = self.choices[index]
-            # A streamed answer has reached the client whole by now: nothing judged after its
-            # end could change it, so only a non-streamed one pays for the end's evaluations.
-            summary = st.finish(judge_end=self.policy.collect)
+            # A streamed answer has reached the client whole by now: the end's sentence-level
+            # language judgement could not change it, so only a non-streamed one pays for it.
+            summary = st.finish(end_drift=self.policy.collect)
             if st.action is None and summary.verdict is not None:
                 st.action = "observed"  # judged when the choice ended: nothing left to stop
             out.append(

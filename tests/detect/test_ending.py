@@ -218,11 +218,10 @@ def test_a_verdict_at_the_end_of_a_non_streamed_answer_is_recorded_as_observed()
     assert guard.outcome() == "completed"
 
 
-def test_a_streamed_answer_skips_the_end_judgement() -> None:
-    """A streamed answer has reached the client whole when it ends: the end-of-stream
-    judgement (and the check of the last, partial window) could change nothing, so the relay
-    does not pay for them (the metric counts what the streaming checks found); the client's
-    bytes are untouched either way."""
+def test_a_streamed_answer_skips_the_end_drift_judgement() -> None:
+    """A streamed answer has reached the client whole when it ends: the sentence-level drift
+    judgement (fastText per sentence) could change nothing, so the relay does not pay for it
+    (the metric says so); the client's bytes are untouched either way."""
     from proxy.relay import GuardPolicy, StreamGuard
     from tests.test_relay import stream as sse_stream
 
@@ -237,3 +236,21 @@ def test_a_streamed_answer_skips_the_end_judgement() -> None:
     assert record.summary is not None and record.summary.verdict is None
     assert record.summary.chars == len(SHORT_DRIFT)
     assert guard.outcome() == "completed"
+
+
+def test_a_streamed_answer_keeps_the_other_end_checks() -> None:
+    """A loop too short for the streaming thresholds is still judged when a streamed answer
+    ends (those checks cost about one streaming check) and recorded as observed."""
+    from proxy.relay import GuardPolicy, StreamGuard
+    from tests.test_relay import stream as sse_stream
+
+    loop = "".join(f"{y} was the year of the dragon, the year of fire. " for y in range(2019, 2024))
+    text = ENGLISH[:200] + loop
+    assert not streamed_only(text, DetectorConfig())  # nothing fires while streaming
+    whole = sse_stream([text])
+    guard = StreamGuard(GuardPolicy.create(mode="enforce"), lambda: Detector())
+    assert guard.feed(whole) + guard.eof() == whole
+    [record] = guard.records(None)
+    assert record.detection_action == "observed"
+    assert record.summary is not None and record.summary.verdict is not None
+    assert record.summary.verdict.signal == "repetition"
