@@ -254,3 +254,20 @@ def test_a_streamed_answer_keeps_the_other_end_checks() -> None:
     assert record.detection_action == "observed"
     assert record.summary is not None and record.summary.verdict is not None
     assert record.summary.verdict.signal == "repetition"
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        "".join(f"{y} was the year of the dragon, the year of fire. " for y in range(2019, 2024)),
+        "Then the model says the same long thing again and again and again. " * 3,
+        "ha" * 30,
+    ],
+    ids=["counter", "exact", "flood"],
+)
+def test_the_end_checks_leave_repetition_in_code_alone(tail: str) -> None:
+    """A loop, counter loop or flood the answer ends in is one at the end of prose, and
+    nothing inside an open code fence (code repeats by design), whichever check finds it."""
+    verdict = stream(ENGLISH[:200] + tail).verdict
+    assert verdict is not None and verdict.fired_at_char == 200 + len(tail)  # at the end
+    assert stream(ENGLISH[:200] + "\n```text\n" + tail).verdict is None
