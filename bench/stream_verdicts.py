@@ -42,29 +42,28 @@ from proxy.scoring import (  # noqa: E402
 
 
 def judge(row: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
-    """Where the verdict fired while streaming and where the full decision fired (``None``:
-    no verdict), fed exactly as ``proxy.scoring.score_text`` feeds it."""
+    """Where the verdict fired while streaming and what a streamed answer records (the detector
+    set up as the relay sets it up for a streamed answer), and where the full decision fired
+    (as ``proxy.scoring.score_text`` decides); ``None``: no verdict."""
     from proxy.detect import Detector
 
-    detector = Detector(expected_language=expected_language_of(row, keys=keys))
+    expected = expected_language_of(row, keys=keys)
     tokens = token_stream(row)
     pairs = tokens if tokens is not None else [(d, None) for d in split_deltas(row["text"])]
+    relay = Detector(expected_language=expected)
+    if hasattr(relay, "end_drift"):
+        relay.end_drift = False  # as the relay sets it for a streamed answer
     streamed = None
     for delta, logprobs in pairs:
-        verdict = detector.feed(delta, tokens=1, logprobs=logprobs)
-        if verdict is not None:
-            streamed = verdict
+        streamed = relay.feed(delta, tokens=1, logprobs=logprobs)
+        if streamed is not None:
             break
-    final = detector.finish().verdict
-    relayed = None
-    if streamed is None:
-        # What the relay records for a streamed answer now (no sentence-level drift at the end).
-        again = Detector(expected_language=expected_language_of(row, keys=keys))
-        for delta, logprobs in pairs:
-            again.feed(delta, tokens=1, logprobs=logprobs)
-        relayed = finish_streamed(again)
-    else:
-        relayed = streamed
+    relayed = streamed if streamed is not None else finish_streamed(relay)
+    full = Detector(expected_language=expected)
+    for delta, logprobs in pairs:
+        if full.feed(delta, tokens=1, logprobs=logprobs) is not None:
+            break
+    final = full.finish().verdict
     return {
         "id": row.get("id"),
         "label": row.get("label"),
@@ -79,6 +78,8 @@ def judge(row: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
 def finish_streamed(detector: Any) -> Any:
     """The verdict the relay records when a streamed answer ends; a tree from before
     ``end_drift`` existed ran the whole end judgement."""
+    if hasattr(detector, "end_drift"):
+        return detector.finish().verdict
     try:
         return detector.finish(end_drift=False).verdict
     except TypeError:

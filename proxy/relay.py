@@ -236,9 +236,16 @@ class StreamGuard:
         #: Per-surface state (the Responses/Messages surfaces keep theirs here).
         self.extra: Any = None
         self._ended_count = 0
+        #: Whether an answer's drift is judged sentence by sentence when it ends: a streamed
+        #: answer has reached the client whole by then, so the judgement (and identification
+        #: that only fed it) could change nothing; only a non-streamed one pays for it.
+        self.end_drift = policy.collect
 
     def new_block(self, index: int) -> BlockState:
-        state = self.choices[index] = BlockState(index, self._make_detector())
+        detector = self._make_detector()
+        if not self.end_drift:
+            detector.end_drift = False
+        state = self.choices[index] = BlockState(index, detector)
         return state
 
     def feed_text(
@@ -548,9 +555,7 @@ class StreamGuard:
         out = []
         for index in sorted(self.choices):
             st = self.choices[index]
-            # A streamed answer has reached the client whole by now: the end's sentence-level
-            # language judgement could not change it, so only a non-streamed one pays for it.
-            summary = st.finish(end_drift=self.policy.collect)
+            summary = st.finish(end_drift=self.end_drift)
             if st.action is None and summary.verdict is not None:
                 st.action = "observed"  # judged when the choice ended: nothing left to stop
             out.append(

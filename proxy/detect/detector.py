@@ -110,6 +110,21 @@ class Detector:
     def verdict(self) -> Verdict | None:
         return self._verdict
 
+    @property
+    def end_drift(self) -> bool:
+        """Whether :meth:`finish` judges drift sentence by sentence at the end (the default).
+
+        Set it to ``False`` before feeding when the text is delivered as it streams: that
+        judgement could then change nothing, so :meth:`finish` leaves it out, and so does the
+        language identification while streaming that only ever fed it (without an expected
+        language, once the text is established as English, where no drift can fire).
+        """
+        return self._drift.keep_doubt
+
+    @end_drift.setter
+    def end_drift(self, value: bool) -> None:
+        self._drift.keep_doubt = value
+
     def feed(
         self, delta: str, *, tokens: int | None = None, logprobs: list[Any] | None = None
     ) -> Verdict | None:
@@ -129,10 +144,11 @@ class Detector:
                 return self._check(final=False)
         return None
 
-    def finish(self, *, end_drift: bool = True) -> Summary:
+    def finish(self, *, end_drift: bool | None = None) -> Summary:
         """Evaluate what is left and return the per-choice summary.
 
-        ``end_drift=False`` leaves out the sentence-by-sentence language judgement at the end
+        ``end_drift`` defaults to :attr:`end_drift`; ``False`` leaves out the
+        sentence-by-sentence language judgement at the end
         (:func:`proxy.detect.ending.final_drift`), the costliest evaluation of a short stream
         (fastText on each sentence, more than all its streaming checks together): a caller
         whose text has already been delivered whole (a streamed answer) cannot act on its
@@ -142,7 +158,7 @@ class Detector:
         if self._verdict is None and self._pending_chars:
             self._check(final=True)
         if self._verdict is None and self._chars and self.config.end_judgement:
-            self._judge_end(end_drift)
+            self._judge_end(self.end_drift if end_drift is None else end_drift)
         return Summary(
             self._chars,
             self._tokens,
