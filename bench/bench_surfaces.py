@@ -53,7 +53,15 @@ class NullDetector(Detector):
     def feed(self, text: str, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         self._n += 1
 
-    def finish(self) -> Summary:
+    @property
+    def end_drift(self) -> bool:
+        return False
+
+    @end_drift.setter
+    def end_drift(self, value: bool) -> None:
+        pass
+
+    def finish(self, *, end_drift: bool | None = None) -> Summary:
         return Summary(0, self._n, None, None, None, None)
 
 

@@ -136,11 +136,13 @@ class SideChannels:
         )
 
 
-def merge(answer: Summary, side: SideChannels | None, verdict: Verdict | None) -> Summary:
+def merge(
+    answer: Summary, side: SideChannels | None, verdict: Verdict | None, *, end_drift: bool = True
+) -> Summary:
     """One summary for the block: characters and tokens summed over its channels, the worst
     window of each signal, and the block's verdict (``verdict``, the first that fired while
     streaming, already in block offsets; else the first channel whose end-of-stream judgement
-    found one)."""
+    found one; ``end_drift`` as in :meth:`proxy.detect.Detector.finish`)."""
     found = verdict
     if side is None or not side.detectors:
         if found is None:
@@ -150,7 +152,7 @@ def merge(answer: Summary, side: SideChannels | None, verdict: Verdict | None) -
         found = side.place(answer.verdict, "content")
     parts = [answer]
     for channel, det in side.detectors.items():
-        summary = det.finish()
+        summary = det.finish(end_drift=end_drift)
         parts.append(summary)
         if found is None and summary.verdict is not None:
             found = side.place(summary.verdict, channel)

@@ -76,10 +76,12 @@ class BlockState:
     #: :mod:`proxy.core.channels`).
     side: SideChannels | None = None
 
-    def finish(self) -> Summary:
-        """The block's summary over all its channels, computed once when it ends."""
+    def finish(self, *, end_drift: bool = True) -> Summary:
+        """The block's summary over all its channels, computed once when it ends;
+        ``end_drift`` as in :meth:`Detector.finish`."""
         if self.summary is None:
-            self.summary = channels.merge(self.detector.finish(), self.side, self.verdict)
+            answer = self.detector.finish(end_drift=end_drift)
+            self.summary = channels.merge(answer, self.side, self.verdict, end_drift=end_drift)
         return self.summary
 
 
@@ -138,9 +140,16 @@ class StreamGuard:
         #: Per-surface state (the Responses/Messages surfaces keep theirs here).
         self.extra: Any = None
         self._ended_count = 0
+        #: Whether an answer's drift is judged sentence by sentence when it ends: a streamed
+        #: answer has reached the client whole by then, so the judgement (and identification
+        #: that only fed it) could change nothing; only a non-streamed one pays for it.
+        self.end_drift = policy.collect
 
     def new_block(self, index: int) -> BlockState:
-        state = self.choices[index] = BlockState(index, self._make_detector())
+        detector = self._make_detector()
+        if not self.end_drift:
+            detector.end_drift = False
+        state = self.choices[index] = BlockState(index, detector)
         return state
 
     def feed_text(
@@ -445,7 +454,7 @@ class StreamGuard:
         out = []
         for index in sorted(self.choices):
             st = self.choices[index]
-            summary = st.finish()
+            summary = st.finish(end_drift=self.end_drift)
             if st.action is None and summary.verdict is not None:
                 st.action = "observed"  # judged when the choice ended: nothing left to stop
             out.append(

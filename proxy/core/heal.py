@@ -80,6 +80,8 @@ class HealGuard(StreamGuard):
         detector_for: Callable[[str], Detector] | None = None,
     ) -> None:
         super().__init__(policy, make_detector)
+        # A continuation is judged when it ends, drift included (``_judged_at_end``).
+        self.end_drift = True
         #: Builds a continuation's detector expecting a language (``None``: the request
         #: already named one, or no language is to be expected).
         self._detector_for = detector_for

@@ -110,6 +110,21 @@ class Detector:
     def verdict(self) -> Verdict | None:
         return self._verdict
 
+    @property
+    def end_drift(self) -> bool:
+        """Whether :meth:`finish` judges drift sentence by sentence at the end (the default).
+
+        Set it to ``False`` before feeding when the text is delivered as it streams: that
+        judgement could then change nothing, so :meth:`finish` leaves it out, and so does the
+        language identification while streaming that only ever fed it (without an expected
+        language, once the text is established as English, where no drift can fire).
+        """
+        return self._drift.keep_doubt
+
+    @end_drift.setter
+    def end_drift(self, value: bool) -> None:
+        self._drift.keep_doubt = value
+
     def feed(
         self, delta: str, *, tokens: int | None = None, logprobs: list[Any] | None = None
     ) -> Verdict | None:
@@ -129,12 +144,21 @@ class Detector:
                 return self._check(final=False)
         return None
 
-    def finish(self) -> Summary:
-        """Evaluate what is left and return the per-choice summary."""
+    def finish(self, *, end_drift: bool | None = None) -> Summary:
+        """Evaluate what is left and return the per-choice summary.
+
+        ``end_drift`` defaults to :attr:`end_drift`; ``False`` leaves out the
+        sentence-by-sentence language judgement at the end
+        (:func:`proxy.detect.ending.final_drift`), the costliest evaluation of a short stream
+        (fastText on each sentence, more than all its streaming checks together): a caller
+        whose text has already been delivered whole (a streamed answer) cannot act on its
+        verdict. The other end-of-stream checks (the last window, floods, loops, salad) cost
+        about one streaming check and still run, so their verdicts still reach the metrics.
+        """
         if self._verdict is None and self._pending_chars:
             self._check(final=True)
         if self._verdict is None and self._chars and self.config.end_judgement:
-            self._judge_end()
+            self._judge_end(self.end_drift if end_drift is None else end_drift)
         return Summary(
             self._chars,
             self._tokens,
@@ -144,35 +168,23 @@ class Detector:
             self._verdict,
         )
 
-    def _judge_end(self) -> None:
+    def _judge_end(self, drift: bool) -> None:
         """The stream has ended: judge what the streaming thresholds left open (see
         :mod:`proxy.detect.ending`). Runs once per stream, on the kept window only."""
         cfg = self.config
         text = self._raw
         base = self._raw_base
-        relaxed = self._relax() > 1.0
-        if cfg.repetition and not relaxed:
-            flood = final_flood(text)
-            if flood is not None:
-                self._fire("token-flood", flood.repeats, self._chars - flood.span)
-                return
-            loop = final_loop(text, cfg.repetition_min_span_chars)
-            if loop is not None:
-                self._fire("repetition", loop.repeats, self._chars - loop.span)
-                return
-            # The same with numbers normalised: a counter loop cut short by the token limit.
-            norm = self._norm
-            counter = final_loop(norm, cfg.repetition_min_span_chars)
-            if counter is not None:
-                onset = self._norm_to_raw(self._norm_total - counter.span)
-                slots = norm[len(norm) - counter.period :].count("0")
-                if not counts_down(self._raw[max(0, onset - self._raw_base) :], slots):
-                    self._fire("repetition", counter.repeats, onset)
-                    return
+        # Inside code, tables and JSON none of the repetition checks below counts. Whether the
+        # text is such is asked only once one of them finds something (it costs more than all
+        # three on ordinary text).
+        if cfg.repetition:
+            self._judge_end_repetition(text)
+        if self._verdict is not None:
+            return
         # The streaming identification saw every short answer whole and samples longer ones:
         # when none of it was in doubt there is no drift for the sentence-level pass to find.
         short = self._chars <= 8 * cfg.language_segment_chars
-        if cfg.language_drift and not self._json_like and (short or self._drift.doubt):
+        if drift and cfg.language_drift and not self._json_like and (short or self._drift.doubt):
             judged = base + max(0, len(text) - cfg.end_drift_chars)
             found = final_drift(text[-cfg.end_drift_chars :], self.expected_language, offset=judged)
             if found is not None:
@@ -182,6 +194,29 @@ class Detector:
             salad = self._salad.judge_end()
             if salad is not None:
                 self._fire("salad", *salad)
+
+    def _judge_end_repetition(self, text: str) -> None:
+        """Floods and loops the answer ends in (see :mod:`proxy.detect.ending`), unless the
+        text is code, a table or JSON."""
+        min_span = self.config.repetition_min_span_chars
+        flood = final_flood(text)
+        if flood is not None:
+            if self._relax() <= 1.0:
+                self._fire("token-flood", flood.repeats, self._chars - flood.span)
+            return
+        loop = final_loop(text, min_span)
+        if loop is not None:
+            if self._relax() <= 1.0:
+                self._fire("repetition", loop.repeats, self._chars - loop.span)
+            return
+        # The same with numbers normalised: a counter loop cut short by the token limit.
+        norm = self._norm
+        counter = final_loop(norm, min_span)
+        if counter is not None and self._relax() <= 1.0:
+            onset = self._norm_to_raw(self._norm_total - counter.span)
+            slots = norm[len(norm) - counter.period :].count("0")
+            if not counts_down(self._raw[max(0, onset - self._raw_base) :], slots):
+                self._fire("repetition", counter.repeats, onset)
 
     # -- evaluation ------------------------------------------------------------------------
 

@@ -114,12 +114,22 @@ class LanguageDrift:
         # Whether any identified segment was in another language than the reference: without
         # that, the end-of-stream judgement has nothing to find and is skipped.
         self.doubt = False
+        #: Whether an end-of-stream drift judgement will read :attr:`doubt` (see
+        #: ``Detector.end_drift``).
+        self.keep_doubt = True
+        # No expected language and the text established as English: no drift can fire any more
+        # (nothing counts as drift *from* English, see ``fallback_languages``).
+        self._settled = False
 
     def update(self, new: str, *, end: int, fences: int, final: bool) -> tuple[float, int] | None:
         """Take the text of one check (``end``: stream length after it; ``fences``: code fences
         seen so far). Return (confidence, onset) when drift is established."""
         from proxy.detect.language import classify, strip_noise
 
+        if self._settled and not self.keep_doubt:
+            # Nothing identification could find would be used: skip it (fastText is the
+            # costliest step of a check).
+            return None
         cfg = self.config
         if not self._buf:
             self._seg_start = end - len(new)
@@ -172,6 +182,7 @@ class LanguageDrift:
         if reference is None:
             if confidence >= cfg.language_min_confidence:
                 self._established = code
+                self._settled = not fallback_languages(code)
                 self._non_latin = scripts_of_language(code) != ("Latin",)
                 self._total += len(clean)
                 self._seen += len(clean)

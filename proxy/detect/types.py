@@ -100,7 +100,8 @@ class DetectorConfig:
     language_sample_every: int = 2
 
     # End-of-stream judgement on/off: drift, floods and loops in answers too short for the
-    # streaming thresholds, judged once when the stream ends (proxy/detect/ending.py).
+    # streaming thresholds, judged once when the stream ends (proxy/detect/ending.py); the
+    # drift part on non-streamed answers only (a streamed one has reached the client whole).
     end_judgement: bool = True
     # Characters at the end of the answer the end-of-stream drift judgement reads.
     end_drift_chars: int = 2048

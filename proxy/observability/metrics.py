@@ -123,7 +123,11 @@ class Metrics:
         self._detections = Children(
             Counter(
                 "guard_detections",
-                "Choices judged degenerate, by signal; action=observed in monitor mode.",
+                "Choices judged degenerate, by signal; action=observed in monitor mode and for "
+                "a verdict that came when nothing was left to stop. A streamed answer counts "
+                "when a check fired while it streamed or when it ended; the end-of-stream "
+                "language judgement sentence by sentence (answers too short for the streaming "
+                "drift check) runs on non-streamed answers only.",
                 ("model", "signal", "action"),
                 registry=q,
             )

@@ -199,19 +199,76 @@ def test_a_list_item_with_a_bracket_and_a_semicolon_is_prose() -> None:
     assert verdict is not None and verdict.signal == "language-drift"
 
 
-def test_a_verdict_at_the_end_of_a_relayed_stream_is_recorded_as_observed() -> None:
-    """The relay cannot act on a verdict given when the choice has ended, but it records it,
-    so the detection reaches the metrics; the client's bytes are untouched."""
+def test_a_verdict_at_the_end_of_a_non_streamed_answer_is_recorded_as_observed() -> None:
+    """The relay cannot act on a verdict given when the choice has ended, but it records it for
+    a non-streamed answer, so the detection reaches the metrics."""
+    from proxy.core.guard import StreamGuard
+    from proxy.core.policy import GuardPolicy
+    from tests.test_relay import stream as sse_stream
+
+    whole = sse_stream([SHORT_DRIFT])
+    guard = StreamGuard(
+        GuardPolicy.create(mode="enforce", collect=True), lambda: Detector(expected_language="it")
+    )
+    guard.feed(whole)
+    guard.eof()
+    [record] = guard.records(None)
+    assert record.detection_action == "observed"
+    assert record.summary is not None and record.summary.verdict is not None
+    assert record.summary.verdict.signal == "language-drift"
+    assert guard.outcome() == "completed"
+
+
+def test_a_streamed_answer_skips_the_end_drift_judgement() -> None:
+    """A streamed answer has reached the client whole when it ends: the sentence-level drift
+    judgement (fastText per sentence) could change nothing, so the relay does not pay for it
+    (the metric says so); the client's bytes are untouched either way."""
     from proxy.core.guard import GuardPolicy, StreamGuard
     from tests.test_relay import stream as sse_stream
 
+    assert stream(SHORT_DRIFT, expected_language="it").verdict is not None  # judged at the end
     whole = sse_stream([SHORT_DRIFT])
     guard = StreamGuard(
         GuardPolicy.create(mode="enforce"), lambda: Detector(expected_language="it")
     )
     assert guard.feed(whole) + guard.eof() == whole
     [record] = guard.records(None)
+    assert record.detection_action is None
+    assert record.summary is not None and record.summary.verdict is None
+    assert record.summary.chars == len(SHORT_DRIFT)
+    assert guard.outcome() == "completed"
+
+
+def test_a_streamed_answer_keeps_the_other_end_checks() -> None:
+    """A loop too short for the streaming thresholds is still judged when a streamed answer
+    ends (those checks cost about one streaming check) and recorded as observed."""
+    from proxy.core.guard import GuardPolicy, StreamGuard
+    from tests.test_relay import stream as sse_stream
+
+    loop = "".join(f"{y} was the year of the dragon, the year of fire. " for y in range(2019, 2024))
+    text = ENGLISH[:200] + loop
+    assert not streamed_only(text, DetectorConfig())  # nothing fires while streaming
+    whole = sse_stream([text])
+    guard = StreamGuard(GuardPolicy.create(mode="enforce"), lambda: Detector())
+    assert guard.feed(whole) + guard.eof() == whole
+    [record] = guard.records(None)
     assert record.detection_action == "observed"
     assert record.summary is not None and record.summary.verdict is not None
-    assert record.summary.verdict.signal == "language-drift"
-    assert guard.outcome() == "completed"
+    assert record.summary.verdict.signal == "repetition"
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        "".join(f"{y} was the year of the dragon, the year of fire. " for y in range(2019, 2024)),
+        "Then the model says the same long thing again and again and again. " * 3,
+        "ha" * 30,
+    ],
+    ids=["counter", "exact", "flood"],
+)
+def test_the_end_checks_leave_repetition_in_code_alone(tail: str) -> None:
+    """A loop, counter loop or flood the answer ends in is one at the end of prose, and
+    nothing inside an open code fence (code repeats by design), whichever check finds it."""
+    verdict = stream(ENGLISH[:200] + tail).verdict
+    assert verdict is not None and verdict.fired_at_char == 200 + len(tail)  # at the end
+    assert stream(ENGLISH[:200] + "\n```text\n" + tail).verdict is None
