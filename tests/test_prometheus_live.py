@@ -97,8 +97,10 @@ class FakeVLLMWithMetrics(FakeVLLM):
         keep: bool = await super()._respond(rec, reader, writer)
         return keep
 
-    def _events(self, req: dict[str, Any], chat: bool, script: Script) -> list[bytes | None]:
-        events = super()._events(req, chat, script)
+    def _events(
+        self, req: dict[str, Any], chat: bool, script: Script, request_id: str | None = None
+    ) -> list[bytes | None]:
+        events = super()._events(req, chat, script, request_id)
         if not (chat and req.get("logprobs")):
             return events
         out: list[bytes | None] = []

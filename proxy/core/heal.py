@@ -85,8 +85,7 @@ class HealGuard(StreamGuard):
         #: Builds a continuation's detector expecting a language (``None``: the request
         #: already named one, or no language is to be expected).
         self._detector_for = detector_for
-        # Every event goes through :meth:`_event` below (hold-back, id rewriting, the text kept
-        # for the cut): the relay's plain-text fast path would bypass it.
+        # Every event goes through :meth:`_event` (hold-back, id rewriting, the kept text).
         self._fast = False
         self.heal = heal
         self.carry = carry or HealCarry()

@@ -48,13 +48,13 @@ def test_english_without_an_expected_language_is_identified_until_established(
     """Without an expected language, text established as English cannot drift (nothing counts
     as drift from English): a streamed answer stops asking fastText then."""
     calls: list[str] = []
-    classify = proxy.language.classify
+    classify = proxy.detect.language.classify
 
     def counted(clean: str) -> tuple[str, float] | None:
         calls.append(clean)
         return classify(clean)
 
-    monkeypatch.setattr(proxy.language, "classify", counted)
+    monkeypatch.setattr(proxy.detect.language, "classify", counted)
     rows = [json.loads(line) for line in SAMPLE.read_text(encoding="utf-8").splitlines()]
     [text] = [r["text"] for r in rows if r["id"] == "alpaca-yi-large-preview-320"]  # 4.6 k chars
     counts = []
