@@ -14,10 +14,13 @@ cheap: each test that needs particular settings starts its own ``coherence-guard
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,29 @@ from typing import Any
 import pytest
 
 from tests.e2e.support import ProxyFactory, Server, StartError, record_figure, start_server
+
+
+@pytest.fixture(autouse=True)
+def _close_client_libraries_loops() -> Iterator[None]:
+    """The sync entry points of some client libraries (openai-agents' ``Runner.run_sync``,
+    pydantic-ai's ``Agent.run_sync``) run on the thread's default event loop and leave it set and
+    open, with the HTTP connections their clients opened on it. Nothing of the proxy's is in
+    there, but their sockets would be reported when the interpreter collects them at the end of
+    the session (pytest turns such warnings into a failed run). Close what a test left behind."""
+    yield
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # none set: one made, closed
+            loop = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:  # no loop set, and none is made once set_event_loop(None) was called
+        loop = None
+    if loop is not None and not loop.is_running():
+        loop.close()
+        asyncio.set_event_loop(None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
+
 
 E2E_HOME = Path(
     os.environ.get("COHERENCE_GUARD_E2E_HOME", Path.home() / ".cache" / "coherence-guard-e2e")
