@@ -31,6 +31,7 @@ import unicodedata
 from array import array
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 
 from proxy.detect.types import DetectorConfig
@@ -190,21 +191,27 @@ def list_path(language: str, size: str = "large") -> Path | None:
     return path if path.is_file() else None
 
 
-def read_hashes(path: Path) -> array[int]:
-    """The sorted hashes of every word of a wordfreq "cBpack" file (a gzipped msgpack list: a
-    header, then one list of words per frequency band), read one band at a time: the words of
-    a whole list as Python strings would take 60 to 120 MB at once."""
+def read_bands(path: Path) -> Iterator[tuple[int, list[str]]]:
+    """The frequency bands of a wordfreq "cBpack" file (a gzipped msgpack list: a header, then
+    one list of words per band; band ``i`` holds the words of frequency 10^(-i/100)), one band
+    at a time: the words of a whole list as Python strings would take 60 to 120 MB at once."""
     import msgpack
 
-    hashes: list[int] = []
     with gzip.open(path, "rb") as fh:
         unpacker = msgpack.Unpacker(fh, raw=False)
         bands = unpacker.read_array_header()
         header = unpacker.unpack()
         if not isinstance(header, dict) or header.get("format") != "cB":
             raise ValueError(f"{path}: not a wordfreq cBpack file")
-        for _ in range(bands - 1):
-            hashes.extend(map(hash, unpacker.unpack()))
+        for band in range(bands - 1):
+            yield band, unpacker.unpack()
+
+
+def read_hashes(path: Path) -> array[int]:
+    """The sorted hashes of every word of a wordfreq list file (:func:`read_bands`)."""
+    hashes: list[int] = []
+    for _, words in read_bands(path):
+        hashes.extend(map(hash, words))
     hashes.sort()
     return array("q", hashes)
 

@@ -42,14 +42,13 @@ of the several MB per language a dict of the words takes. Scoring a prompt then 
 from __future__ import annotations
 
 import functools
-import gzip
 import math
 import re
 from array import array
 from bisect import bisect_left
 from collections.abc import Sequence
 
-from proxy.detect.salad import list_path, normalise
+from proxy.detect.salad import list_path, normalise, read_bands
 
 #: Latin-script languages with a wordfreq "small" list, as fastText names them (Malay is read
 #: with Indonesian, Norwegian as Bokmål, Serbian and Bosnian as Croatian: one list each).
@@ -112,18 +111,9 @@ def frequencies(name: str) -> Frequencies | None:
     path = list_path(name, "small")
     if path is None:
         return None
-    import msgpack
-
     pairs: list[tuple[int, int]] = []
-    with gzip.open(path, "rb") as fh:
-        unpacker = msgpack.Unpacker(fh, raw=False)
-        count = unpacker.read_array_header()
-        header = unpacker.unpack()
-        if not isinstance(header, dict) or header.get("format") != "cB":
-            raise ValueError(f"{path}: not a wordfreq cBpack file")
-        # Band i holds the words of frequency 10^(-i/100).
-        for band in range(count - 1):
-            pairs.extend((hash(word), band) for word in unpacker.unpack())
+    for band, words in read_bands(path):
+        pairs.extend((hash(word), band) for word in words)
     pairs.sort()
     return Frequencies(array("q", (h for h, _ in pairs)), array("H", (b for _, b in pairs)))
 

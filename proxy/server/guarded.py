@@ -188,12 +188,7 @@ class Guarded:
         if settings.allow_client_override:
             asked = headers.get(b"x-guard-mode")
             if asked is not None:
-                if not scope.get(MAY_OVERRIDE, True):
-                    raise Forbidden(
-                        "This API key may not set 'x-guard-mode'.",
-                        param="x-guard-mode",
-                        code="override_not_allowed",
-                    )
+                _check_override(scope, "x-guard-mode")
                 value = asked.decode("latin-1").strip().lower()
                 if value not in _MODES:
                     raise BadRequest(
@@ -225,12 +220,7 @@ class Guarded:
         asked = headers.get(b"x-guard-language")
         if asked is None or not self.proxy.settings.allow_client_override:
             return None
-        if not scope.get(MAY_OVERRIDE, True):
-            raise Forbidden(
-                "This API key may not set 'x-guard-language'.",
-                param="x-guard-language",
-                code="override_not_allowed",
-            )
+        _check_override(scope, "x-guard-language")
         value = asked.decode("latin-1").strip().lower()
         if value in ("none", "off"):
             return "none"
@@ -268,3 +258,11 @@ class Guarded:
         if mode == "off":
             rw.body["stream"] = rw.client_stream
         return rw
+
+
+def _check_override(scope: Scope, header: str) -> None:
+    """A per-request override header from a key the operator did not allow to set it: 403."""
+    if not scope.get(MAY_OVERRIDE, True):
+        raise Forbidden(
+            f"This API key may not set '{header}'.", param=header, code="override_not_allowed"
+        )
