@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from proxy.core import channels, chunks, reassemble
-from proxy.core.channels import Channel, SideChannels
+from proxy.core import channels, chunks
+from proxy.core.channels import Channel, SideChannels, feed_channel
 from proxy.core.chunks import ENGINE_REPETITION, Piece
 from proxy.core.policy import GuardPolicy, Mode
+from proxy.core.reassemble import collect_extra, collect_pieces
 from proxy.core.records import ChoiceRecord, DetectionAction, Endpoint, Outcome
 from proxy.core.sse import DONE, DONE_EVENT, SSEParser, encode_data
 from proxy.core.surfaces import surface_for
@@ -161,7 +162,7 @@ class StreamGuard:
         their own ending events around it."""
         self.first_content = True
         state.tokens += 1
-        verdict = channels.feed_channel(state, channel, text, 1, None)
+        verdict = feed_channel(state, channel, text, 1, None)
         state.chars += len(text)
         if verdict is None or state.verdict is not None:
             return None
@@ -260,7 +261,7 @@ class StreamGuard:
                 pieces = None
                 if self.policy.collect:
                     pieces = chunks.choice_pieces(choice)
-                    reassemble.collect_pieces(state, pieces)
+                    collect_pieces(state, pieces)
                 lp = choice.get("logprobs")
                 entries = None if lp is None else chunks.logprobs_entries(lp)
                 if not chunks.has_side_text(choice):
@@ -273,7 +274,7 @@ class StreamGuard:
                         state, pieces or chunks.choice_pieces(choice), tokens, entries
                     )
             if self.policy.collect:
-                reassemble.collect_extra(state, choice, strip_logprobs=self.policy.strip_logprobs)
+                collect_extra(state, choice, strip_logprobs=self.policy.strip_logprobs)
             if (
                 verdict is not None
                 and state.verdict is None
@@ -327,7 +328,7 @@ class StreamGuard:
         verdict = None
         for piece in pieces:
             channel = channels.channel_of(piece.channel)
-            found = channels.feed_channel(state, channel, piece.text, tokens, entries)
+            found = feed_channel(state, channel, piece.text, tokens, entries)
             tokens, entries = 0, None
             state.chars += len(piece.text)
             if verdict is None:
