@@ -42,10 +42,14 @@ __all__ = ["FakeVLLM", "ProxyServer", "Script"]
 class ProxyServer:
     """The proxy app under uvicorn on an ephemeral port, in a background thread."""
 
-    def __init__(self, app: Any, http: str = "httptools") -> None:
+    def __init__(self, app: Any, http: str = "httptools", sndbuf: int | None = None) -> None:
         self.app = app
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if sndbuf is not None:
+            # Accepted sockets inherit it (Linux): a fixed, small kernel send buffer, so a
+            # client that stops reading fills it whatever the machine's tcp_wmem autotuning.
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         config = uvicorn.Config(

@@ -73,7 +73,8 @@ def test_raw_socket_disconnect_during_a_slow_first_token(
             b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
             b"content-length: %d\r\n\r\n%s" % (len(body), body)
         )
-        assert fake_upstream.wait_for(lambda: bool(fake_upstream.requests))
+        # The first request the engine sees may be the proxy's model lookup, not the chat call.
+        assert fake_upstream.wait_for(lambda: bool(fake_upstream.guarded_requests()))
         gone = time.monotonic()
     rec = fake_upstream.guarded_requests()[0]
     assert fake_upstream.wait_for(lambda: rec.disconnected is not None, timeout=2)

@@ -66,14 +66,20 @@ def wrap_send(app: Any) -> Any:
 def servers(fake_upstream: FakeVLLM) -> Iterator[Any]:
     started: list[ProxyServer] = []
 
-    def start(*, middleware: bool = False, http: str = "httptools", **overrides: Any) -> str:
+    def start(
+        *,
+        middleware: bool = False,
+        http: str = "httptools",
+        sndbuf: int | None = None,
+        **overrides: Any,
+    ) -> str:
         settings = load_settings(
             upstream_url=fake_upstream.url, upstream_metrics_interval=0, **overrides
         )
         app: Any = create_app(settings)
         if middleware:
             app = wrap_send(app)
-        server = ProxyServer(app, http=http).start()
+        server = ProxyServer(app, http=http, sndbuf=sndbuf).start()
         started.append(server)
         return server.url
 
@@ -153,14 +159,17 @@ def test_a_client_that_stops_reading_gets_every_byte_in_order(
     the client reads again it gets the whole answer, in order, exactly once."""
     counted = Counted(monkeypatch)
     words = " ".join(HEALTHY).split()
-    # ~12 MB of events: more than the kernel's largest send buffer (tcp_wmem, often 4 MiB) can take
+    # Megabytes of events against a proxy-side kernel send buffer fixed at 64 KiB: the buffers
+    # on both sides fill whatever the machine's autotuning would allow
     text = " ".join(words[i % len(words)] for i in range(60_000))
     fake_upstream.script = Script(texts=[text])
     expected = httpx.post(
         fake_upstream.url + "/v1/chat/completions", json=chat(max_tokens=60_000)
     ).content
     assert len(expected) > 3_000_000
-    base = servers(mode="monitor", max_tokens_cap=100_000, default_max_tokens=100_000)
+    base = servers(
+        mode="monitor", max_tokens_cap=100_000, default_max_tokens=100_000, sndbuf=65536
+    )
     payload = json.dumps(chat(max_tokens=60_000)).encode()
     host, port = base.removeprefix("http://").split(":")
     sock = socket.socket()
