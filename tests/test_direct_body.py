@@ -154,7 +154,7 @@ def dechunk(raw: bytes) -> bytes:
 def test_a_client_that_stops_reading_gets_every_byte_in_order(
     fake_upstream: FakeVLLM, servers: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A client with a tiny receive buffer that reads nothing for a while: the direct writes
+    """A client with a small receive buffer that reads nothing for a while: the direct writes
     fill the transport, the relay hands back to ``send`` (which waits for the client), and when
     the client reads again it gets the whole answer, in order, exactly once."""
     counted = Counted(monkeypatch)
@@ -173,7 +173,9 @@ def test_a_client_that_stops_reading_gets_every_byte_in_order(
     payload = json.dumps(chat(max_tokens=60_000)).encode()
     host, port = base.removeprefix("http://").split(":")
     sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    # Small, but not below loopback's segment size (~64 KiB): a receive window that can never
+    # open by a full segment leaves the sender on zero-window probes that back off for seconds.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
     sock.settimeout(20)
     sock.connect((host, int(port)))
     with sock:
