@@ -167,9 +167,7 @@ def test_a_client_that_stops_reading_gets_every_byte_in_order(
         fake_upstream.url + "/v1/chat/completions", json=chat(max_tokens=60_000)
     ).content
     assert len(expected) > 3_000_000
-    base = servers(
-        mode="monitor", max_tokens_cap=100_000, default_max_tokens=100_000, sndbuf=65536
-    )
+    base = servers(mode="monitor", max_tokens_cap=100_000, default_max_tokens=100_000, sndbuf=65536)
     payload = json.dumps(chat(max_tokens=60_000)).encode()
     host, port = base.removeprefix("http://").split(":")
     sock = socket.socket()
