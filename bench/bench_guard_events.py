@@ -37,42 +37,19 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.null_detector import NullDetector  # noqa: E402
 from proxy.core.guard import GuardPolicy, StreamGuard  # noqa: E402
 from proxy.core.records import GenerationRecord  # noqa: E402
-from proxy.detect import Detector, DetectorConfig, Summary  # noqa: E402
+from proxy.detect import Detector, DetectorConfig  # noqa: E402
 from proxy.observability.metrics import Metrics  # noqa: E402
 from tests.fakes.vllm import FakeVLLM, Script, tokenize  # noqa: E402
 
 MAX_TOKENS = 128
 _REQ = {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}
-
-
-class NullDetector(Detector):
-    """A detector that keeps no text: the guard's cost without the detector's."""
-
-    def __init__(self) -> None:  # the real set-up is deliberately skipped
-        self._n = 0
-
-    def feed(
-        self, delta: str, *, tokens: int | None = None, logprobs: list[Any] | None = None
-    ) -> None:
-        self._n += 1
-
-    @property
-    def end_drift(self) -> bool:
-        return False
-
-    @end_drift.setter
-    def end_drift(self, value: bool) -> None:
-        pass
-
-    def finish(self, *, end_drift: bool | None = None) -> Summary:
-        return Summary(0, self._n, None, None, None, None)
 
 
 def load_texts(path: Path, limit: int) -> list[str]:

@@ -23,15 +23,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.null_detector import NullDetector  # noqa: E402
 from proxy.core.guard import GuardPolicy, StreamGuard  # noqa: E402
 from proxy.core.records import Endpoint  # noqa: E402
-from proxy.detect import Detector, DetectorConfig, Summary  # noqa: E402
+from proxy.detect import Detector, DetectorConfig  # noqa: E402
 from tests.fakes.vllm import (  # noqa: E402
     FakeVLLM,
     Script,
@@ -42,27 +42,6 @@ from tests.fakes.vllm import (  # noqa: E402
 
 MAX_TOKENS = 128
 SURFACES: tuple[Endpoint, ...] = ("chat", "responses", "messages")
-
-
-class NullDetector(Detector):
-    """Counts what it is fed and never fires: the relay's cost without detection."""
-
-    def __init__(self) -> None:  # the real set-up is deliberately skipped
-        self._n = 0
-
-    def feed(self, text: str, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
-        self._n += 1
-
-    @property
-    def end_drift(self) -> bool:
-        return False
-
-    @end_drift.setter
-    def end_drift(self, value: bool) -> None:
-        pass
-
-    def finish(self, *, end_drift: bool | None = None) -> Summary:
-        return Summary(0, self._n, None, None, None, None)
 
 
 def healthy_texts(path: Path, limit: int) -> list[str]:

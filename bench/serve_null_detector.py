@@ -3,9 +3,9 @@
 A benchmark target for the shared kit's ``run.py`` (``--proxy 'parse=... python
 bench/serve_null_detector.py --port {port}'``), never a mode of the product. Every request gets
 the real relay, the real stream guard (SSE split, parsing, usage stripping, bookkeeping,
-metrics) and ``bench_guard_events.NullDetector``, which keeps no text and never judges. The gap
-between this target and ``enforce`` is the detector's share of the relay's CPU; the gap between
-it and nginx is what no change to the detector's schedule can remove.
+metrics) and the detector of ``bench/null_detector.py``, which keeps no text and never judges.
+The gap between this target and ``enforce`` is the detector's share of the relay's CPU; the gap
+between it and nginx is what no change to the detector's schedule can remove.
 
     GUARD_MODE=enforce GUARD_UPSTREAM_URL=http://127.0.0.1:8000 \\
         python bench/serve_null_detector.py --host 127.0.0.1 --port 8080
@@ -15,26 +15,19 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from bench_guard_events import NullDetector  # noqa: E402
 
 import proxy.core.channels  # noqa: E402
 import proxy.server.exchange  # noqa: E402
+from bench.null_detector import NullDetector  # noqa: E402
 from proxy import cli  # noqa: E402
 
 
-def null_detector(*_args: Any, **_kwargs: Any) -> NullDetector:
-    return NullDetector()
-
-
 def main() -> int:
-    proxy.server.exchange.Detector = null_detector  # type: ignore[attr-defined,misc]
-    proxy.core.channels.Detector = null_detector  # type: ignore[attr-defined,misc]
+    proxy.server.exchange.Detector = NullDetector  # type: ignore[attr-defined,misc]
+    proxy.core.channels.Detector = NullDetector  # type: ignore[attr-defined,misc]
     return cli.main(["serve", *sys.argv[1:]])
 
 
