@@ -30,6 +30,7 @@ from proxy.core.guard import GuardPolicy, StreamGuard
 from proxy.core.surfaces import via_chat
 from proxy.detect import Detector
 from tests.fakes.vllm import FakeVLLM, Script
+from tests.sdk_warmup import warm_sdk_stream_types
 from tests.test_surface_heal import chat_stream
 
 ProxyFactory = Callable[..., str]
@@ -71,6 +72,7 @@ def test_side_by_side_streams_each_carry_only_their_own_response(
 ) -> None:
     fake_upstream.script = Script(texts=[LOOP], chunk_delay=0.002, ids_from_request=True)
     base = proxy_server(mode=mode)
+    warm_sdk_stream_types()  # the SDK's lazy types are not built thread-safely (sdk_warmup.py)
     with ThreadPoolExecutor(STREAMS) as pool:
         results = list(pool.map(lambda n: one_stream(base, n, mode), range(STREAMS)))
     for own, seen, seqs, final in results:

@@ -20,6 +20,7 @@ import pytest
 
 from tests.e2e.client_readers import READERS, Seen, openai_chat
 from tests.e2e.support import ProxyFactory, Server, record_figure
+from tests.sdk_warmup import warm_sdk_stream_types
 
 pytestmark = pytest.mark.e2e
 
@@ -104,6 +105,7 @@ def matrix(
     # Retries off: several clients send the very same body, which would count as a retry.
     enforce = start_proxy(vllm_engine, mode="enforce", retry_after_abort="off")
     heal = start_proxy(vllm_engine, mode="heal")
+    warm_sdk_stream_types()  # the SDKs' lazy types are not built thread-safely (sdk_warmup.py)
     out = {
         "engine": run_all(vllm_engine.url, model_name, EARLY_STOP_TOKENS),
         "enforce": run_all(enforce.url, model_name, MAX_TOKENS),

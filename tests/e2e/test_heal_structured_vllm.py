@@ -21,6 +21,7 @@ import pytest
 from pydantic import BaseModel
 
 from tests.e2e.support import ProxyFactory, Server, record_figure
+from tests.sdk_warmup import warm_openai_parse
 
 pytestmark = pytest.mark.e2e
 
@@ -89,6 +90,8 @@ def test_structured_output_in_heal_mode_parses_or_ends_as_enforce(
     vllm_engine: Server, start_proxy: ProxyFactory, model_name: str
 ) -> None:
     proxy = start_proxy(vllm_engine, mode="heal")
+    # The SDK's parsed types are built lazily and not thread-safely (sdk_warmup.py).
+    warm_openai_parse(Story(title="t", paragraphs=["p"]))
     seen: dict[str, int] = {}
     # The prompts side by side, as clients send them: the engine batches them (a small model on
     # CPU answers six at once in about the time of one) and the proxy keeps each exchange its own.
