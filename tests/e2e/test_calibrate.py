@@ -63,7 +63,7 @@ def test_calibrate_demo_measures_real_loops_and_names_the_penalty(
     done = subprocess.run(
         [sys.executable, "-m", "proxy", "calibrate", "--demo", "--tasks", "narrative,list",
          "--languages", "en,it", "--repetition-penalty", "1.0,1.3", "--seeds", "3",
-         "--max-tokens", str(MAX_TOKENS), "--concurrency", "4", "--output", str(out)],
+         "--max-tokens", str(MAX_TOKENS), "--concurrency", "8", "--output", str(out)],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=900, check=False,
     )  # fmt: skip
     elapsed = time.monotonic() - started
@@ -111,7 +111,7 @@ def test_calibrate_against_vllm_measures_real_loops(
         [sys.executable, "-m", "proxy", "calibrate", "--url", vllm_engine.url + "/v1",
          "--model", model_name, "--tasks", "narrative,list", "--languages", "en,it",
          "--repetition-penalty", "1.0,1.3", "--seeds", "3", "--max-tokens", "200",
-         "--concurrency", "4", "--output", str(out)],
+         "--concurrency", "24", "--output", str(out)],
         capture_output=True, text=True, cwd=ROOT, timeout=900, check=False,
     )  # fmt: skip
     elapsed = time.monotonic() - started

@@ -8,12 +8,14 @@ continued and ends as one well-formed message/response, never with a byte of the
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
 from tests.e2e.support import LOOP_PROMPTS, ProxyFactory, Server, record_figure, sample_value
 from tests.e2e.test_surfaces import MESSAGES_GREEDY, RESPONSES_GREEDY, an, oa
+from tests.sdk_warmup import warm_sdk_stream_types
 
 pytestmark = pytest.mark.e2e
 
@@ -72,29 +74,38 @@ def test_a_real_loop_on_both_surfaces_is_healed_into_one_answer(
 ) -> None:
     proxy = start_proxy(vllm_engine, mode="heal")
     prompt = LOOP_PROMPTS["en"]
-    with an(proxy, sdks).messages.stream(
-        model=model_name,
-        messages=[{"role": "user", "content": prompt}],
-        max_tokens=384,
-        **MESSAGES_GREEDY,
-    ) as stream:
-        events = list(stream)
-        message = stream.get_final_message()
+
+    def messages() -> tuple[list[Any], Any]:
+        with an(proxy, sdks).messages.stream(
+            model=model_name,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=384,
+            **MESSAGES_GREEDY,
+        ) as stream:
+            return list(stream), stream.get_final_message()
+
+    def responses() -> tuple[list[Any], Any]:
+        with oa(proxy, sdks).responses.stream(
+            model=model_name, input=prompt, max_output_tokens=384, **RESPONSES_GREEDY
+        ) as stream:
+            return list(stream), stream.get_final_response()
+
+    # Side by side, as the engine batches them (half the time on two CPU cores); the SDKs'
+    # lazy types are built first on this thread (tests/sdk_warmup.py).
+    warm_sdk_stream_types()
+    with ThreadPoolExecutor(2) as pool:
+        on_messages, on_responses = pool.submit(messages), pool.submit(responses)
+        (events, message), (revents, rstream_final) = on_messages.result(), on_responses.result()
     kinds = [e.type for e in events]
     assert kinds.count("message_start") == 1 and kinds[-1] == "message_stop"
     [delta] = [e for e in events if e.type == "message_delta"]
     m_guard = (delta.delta.model_extra or {})["guard"]
     assert m_guard["action"] in ("healed", "aborted") and m_guard["attempts"] >= 1
     assert m_guard["tokens_discarded"] > 0
-    text = message.content[0].text  # type: ignore[union-attr]
+    text = message.content[0].text
     assert len(text) >= m_guard["onset_char"]
     assert message.usage.output_tokens == m_guard["completion_tokens"] <= 384
 
-    with oa(proxy, sdks).responses.stream(
-        model=model_name, input=prompt, max_output_tokens=384, **RESPONSES_GREEDY
-    ) as rstream:
-        revents = list(rstream)
-        rstream_final = rstream.get_final_response()
     # The SDK's get_final_response() wants response.completed; a healed story that runs out of
     # budget ends with it too (status incomplete, max_output_tokens), as the native route ends it.
     rkinds = [event.type for event in revents]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -123,12 +124,18 @@ def test_the_detector_receives_the_engines_logprobs(
     vllm_engine: Server, start_proxy: ProxyFactory, model_name: str
 ) -> None:
     """The entropy signal sees a full window only when logprobs reach the detector."""
-    counts = {}
-    for on in (False, True):
-        proxy = start_proxy(vllm_engine, request_logprobs=on, mode="monitor")
-        body = {**CHAT, "model": model_name, "max_tokens": 320}
-        body["messages"] = [{"role": "user", "content": "Explain how a bicycle works in detail."}]
-        raw_stream(proxy, "/v1/chat/completions", body)
-        quality = metric_values(proxy.metrics_text("/metrics/quality"))
-        counts[on] = quality.get("guard_token_entropy_count", 0.0)
+    body = {**CHAT, "model": model_name, "max_tokens": 320}
+    body["messages"] = [{"role": "user", "content": "Explain how a bicycle works in detail."}]
+
+    proxies = {
+        on: start_proxy(vllm_engine, request_logprobs=on, mode="monitor") for on in (False, True)
+    }
+    with ThreadPoolExecutor(2) as pool:  # side by side: the engine batches them
+        list(pool.map(lambda p: raw_stream(p, "/v1/chat/completions", body), proxies.values()))
+    counts = {
+        on: metric_values(proxy.metrics_text("/metrics/quality")).get(
+            "guard_token_entropy_count", 0.0
+        )
+        for on, proxy in proxies.items()
+    }
     assert counts == {False: 0.0, True: 1.0}
