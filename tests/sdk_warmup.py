@@ -27,7 +27,7 @@ from proxy.detect import Detector
 STREAMS = Path(__file__).parent / "streams"
 
 
-def _recorded(surface: str) -> list[bytes]:
+def recorded_streams(surface: str) -> list[bytes]:
     """The engine's own stream of a loop and the guard's abort of it, for ``surface``."""
     if surface == "chat":
         loop = (STREAMS / "chat_usage.sse").read_bytes()
@@ -37,14 +37,14 @@ def _recorded(surface: str) -> list[bytes]:
     return [loop, guard.feed(loop)]
 
 
-def _client(body: bytes) -> httpx.Client:
+def stream_client(body: bytes) -> httpx.Client:
     def answer(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
 
     return httpx.Client(transport=httpx.MockTransport(answer))
 
 
-def _client2(body: bytes) -> httpx2.Client:
+def stream_client2(body: bytes) -> httpx2.Client:
     """The same for the anthropic SDK, which is built on httpx's successor package."""
 
     def answer(request: httpx2.Request) -> httpx2.Response:
@@ -55,23 +55,23 @@ def _client2(body: bytes) -> httpx2.Client:
 
 def warm_sdk_stream_types() -> None:
     """Read each recorded stream with the openai and anthropic SDKs' stream helpers."""
-    for body in _recorded("responses"):
-        with _client(body) as http:
+    for body in recorded_streams("responses"):
+        with stream_client(body) as http:
             client = openai.OpenAI(base_url="http://sdk.invalid/v1", api_key="k", http_client=http)
             with client.responses.stream(model="m", input="hi") as stream:
                 for _ in stream:
                     pass
                 stream.get_final_response()
-    for body in _recorded("chat"):
-        with _client(body) as http:
+    for body in recorded_streams("chat"):
+        with stream_client(body) as http:
             client = openai.OpenAI(base_url="http://sdk.invalid/v1", api_key="k", http_client=http)
             chunks = client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "hi"}], stream=True
             )
             for _ in chunks:
                 pass
-    for body in _recorded("messages"):
-        with _client2(body) as http:
+    for body in recorded_streams("messages"):
+        with stream_client2(body) as http:
             messages = anthropic.Anthropic(
                 base_url="http://sdk.invalid", api_key="k", http_client=http
             ).messages
