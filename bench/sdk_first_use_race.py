@@ -18,9 +18,12 @@ import argparse
 import sys
 import threading
 
-import openai
-
-from tests.sdk_warmup import recorded_streams, stream_client, warm_sdk_stream_types
+from tests.sdk_warmup import (
+    openai_client,
+    recorded_streams,
+    stream_client,
+    warm_sdk_stream_types,
+)
 
 
 def main() -> None:
@@ -37,7 +40,7 @@ def main() -> None:
 
     def read(n: int) -> None:
         with stream_client(bodies[n % len(bodies)]) as http:
-            client = openai.OpenAI(base_url="http://sdk.invalid/v1", api_key="k", http_client=http)
+            client = openai_client(http)
             start.wait()
             try:
                 with client.responses.stream(model="m", input="hi") as stream:

@@ -14,11 +14,14 @@ thread.
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import anthropic
 import httpx
 import httpx2
 import openai
+import orjson
 from pydantic import BaseModel
 
 from proxy.core.guard import GuardPolicy, StreamGuard
@@ -37,41 +40,42 @@ def recorded_streams(surface: str) -> list[bytes]:
     return [loop, guard.feed(loop)]
 
 
-def stream_client(body: bytes) -> httpx.Client:
-    def answer(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+def stream_client(
+    body: bytes, content_type: str = "text/event-stream", *, lib: ModuleType = httpx
+) -> Any:
+    """An HTTP client whose every request is answered 200 with ``body``, in process. ``lib`` is
+    httpx for the openai SDK, httpx2 (its successor package) for the anthropic SDK, which
+    refuses the other; both have the same API."""
 
-    return httpx.Client(transport=httpx.MockTransport(answer))
+    def answer(request: Any) -> Any:
+        return lib.Response(200, headers={"content-type": content_type}, content=body)
+
+    return lib.Client(transport=lib.MockTransport(answer))
 
 
-def stream_client2(body: bytes) -> httpx2.Client:
-    """The same for the anthropic SDK, which is built on httpx's successor package."""
-
-    def answer(request: httpx2.Request) -> httpx2.Response:
-        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=body)
-
-    return httpx2.Client(transport=httpx2.MockTransport(answer))
+def openai_client(http: httpx.Client) -> openai.OpenAI:
+    return openai.OpenAI(base_url="http://sdk.invalid/v1", api_key="k", http_client=http)
 
 
 def warm_sdk_stream_types() -> None:
     """Read each recorded stream with the openai and anthropic SDKs' stream helpers."""
     for body in recorded_streams("responses"):
         with stream_client(body) as http:
-            client = openai.OpenAI(base_url="http://sdk.invalid/v1", api_key="k", http_client=http)
+            client = openai_client(http)
             with client.responses.stream(model="m", input="hi") as stream:
                 for _ in stream:
                     pass
                 stream.get_final_response()
     for body in recorded_streams("chat"):
         with stream_client(body) as http:
-            client = openai.OpenAI(base_url="http://sdk.invalid/v1", api_key="k", http_client=http)
+            client = openai_client(http)
             chunks = client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "hi"}], stream=True
             )
             for _ in chunks:
                 pass
     for body in recorded_streams("messages"):
-        with stream_client2(body) as http:
+        with stream_client(body, lib=httpx2) as http:
             messages = anthropic.Anthropic(
                 base_url="http://sdk.invalid", api_key="k", http_client=http
             ).messages
@@ -105,11 +109,8 @@ def warm_openai_parse(example: BaseModel) -> None:
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
     }
 
-    def reply(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json=answer)
-
-    with httpx.Client(transport=httpx.MockTransport(reply)) as http:
-        client = openai.OpenAI(base_url="http://sdk.invalid/v1", api_key="k", http_client=http)
+    with stream_client(orjson.dumps(answer), "application/json") as http:
+        client = openai_client(http)
         parsed = client.chat.completions.parse(
             model="m", messages=[{"role": "user", "content": "hi"}], response_format=type(example)
         )
