@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.client_readers import READERS, Seen, openai_chat
+from tests.e2e.libraries import require_client_library
 from tests.e2e.support import ProxyFactory, Server, record_figure
 from tests.sdk_warmup import warm_sdk_stream_types
 
@@ -122,6 +123,7 @@ def matrix(
 def test_enforce_gives_a_cut_answer_and_the_reason_or_fails_as_on_an_early_stop(
     matrix: dict[str, dict[Key, Outcome]], key: Key
 ) -> None:
+    require_client_library(key[0])
     got, engine = matrix["enforce"][key], matrix["engine"][key]
     if key in RAISES:
         assert got.error is not None, got.seen
@@ -151,6 +153,7 @@ def test_enforce_gives_a_cut_answer_and_the_reason_or_fails_as_on_an_early_stop(
 
 @pytest.mark.parametrize("key", list(READERS), ids=lambda k: f"{k[0]}-{k[1]}")
 def test_heal_gives_a_whole_answer(matrix: dict[str, dict[Key, Outcome]], key: Key) -> None:
+    require_client_library(key[0])
     got = matrix["heal"][key]
     if key == ("instructor", "chat"):
         # SmolLM2-135M copies the JSON schema instead of filling it: no answer validates,

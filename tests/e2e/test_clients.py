@@ -22,6 +22,7 @@ import pytest
 
 from proxy.server.engine_context import ContextError, context_error
 from tests.e2e.clients import CLIENTS, QUESTION, outcome
+from tests.e2e.libraries import require_client_library
 from tests.e2e.support import ProxyFactory, Server, record_figure
 
 pytestmark = pytest.mark.e2e
@@ -72,6 +73,7 @@ def test_the_client_gets_what_the_engine_gives(
     straight: dict[tuple[str, int | None], tuple[str, str]],
     model_name: str,
 ) -> None:
+    require_client_library(client)
     call = CLIENTS[client][0]
     if (client, limit) not in straight:
         straight[client, limit] = outcome(call, vllm_engine.url, model_name, limit)
