@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Collection
 from typing import Any
 
 import orjson
@@ -104,22 +105,39 @@ class AbortMemory:
 
 
 def defended(
-    body: dict[str, Any], *, repetition_penalty: float, frequency_penalty: float, temperature: float
+    body: dict[str, Any],
+    *,
+    repetition_penalty: float,
+    frequency_penalty: float,
+    temperature: float,
+    fields: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """``body`` with the engine's repetition defences raised, for a retry that cannot be
     healed (a structured answer: a continuation would restart its schema mid-string): the
     penalties of heal's first continuation, and a temperature step for a greedy request, which
-    would otherwise walk into the same loop again. Fields the client set higher are kept."""
+    would otherwise walk into the same loop again. Fields the client set higher are kept.
+
+    ``fields``: the sampling fields the route passes to the engine (``None``: chat and
+    completions, which pass them all). Every route's fields carry the same names (Responses
+    takes chat's penalties; vLLM's Messages route passes only ``temperature``, ``top_p`` and
+    ``top_k``, and drops the rest), so a defence the route would drop is not written at all.
+    """
     out = dict(body)
     rp = body.get("repetition_penalty")
     base = float(rp) if isinstance(rp, (int, float)) and not isinstance(rp, bool) else 1.0
-    if repetition_penalty:
+    if repetition_penalty and (fields is None or "repetition_penalty" in fields):
         out["repetition_penalty"] = round(max(base, 1.0 + repetition_penalty), 4)
     fp = body.get("frequency_penalty")
     base = float(fp) if isinstance(fp, (int, float)) and not isinstance(fp, bool) else 0.0
-    if frequency_penalty:
+    if frequency_penalty and (fields is None or "frequency_penalty" in fields):
         out["frequency_penalty"] = round(max(base, frequency_penalty), 4)
     t = body.get("temperature")
-    if temperature and (t == 0 or t == 0.0) and not isinstance(t, bool):
+    greedy = t == 0 and not isinstance(t, bool)
+    if temperature and greedy and (fields is None or "temperature" in fields):
         out["temperature"] = temperature
     return out
+
+
+def raised(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """The fields :func:`defended` changed, for the log line."""
+    return sorted(k for k in after if k not in before or before[k] != after[k])

@@ -21,8 +21,8 @@ from proxy.core.heal_request import (
 )
 from proxy.core.policy import Mode
 from proxy.core.records import Endpoint
-from proxy.core.retries import AbortMemory, defended, retry_keys
-from proxy.core.rewrite import Rewrite, rewrite_request
+from proxy.core.retries import AbortMemory, defended, raised, retry_keys
+from proxy.core.rewrite import SURFACE_SAMPLING_FIELDS, Rewrite, rewrite_request
 from proxy.core.surfaces import via_chat
 from proxy.errors import (
     BadRequest,
@@ -146,14 +146,19 @@ class Guarded:
         if settings.retry_after_abort == "heal" and not structured:
             log.info("retry of an aborted request on %s: relayed in heal mode", self.endpoint)
             return "heal"
-        if self.endpoint in ("chat", "completions"):
-            rw.body = defended(
-                rw.body,
-                repetition_penalty=settings.heal_repetition_penalty_step,
-                frequency_penalty=settings.heal_frequency_penalty_step,
-                temperature=settings.heal_temperature_step,
-            )
-        log.info("retry of an aborted request on %s: repetition defences raised", self.endpoint)
+        before = rw.body
+        rw.body = defended(
+            before,
+            repetition_penalty=settings.heal_repetition_penalty_step,
+            frequency_penalty=settings.heal_frequency_penalty_step,
+            temperature=settings.heal_temperature_step,
+            fields=SURFACE_SAMPLING_FIELDS.get(self.endpoint),
+        )
+        log.info(
+            "retry of an aborted request on %s: repetition defences raised (%s)",
+            self.endpoint,
+            ", ".join(raised(before, rw.body)) or "none left to raise on this route",
+        )
         return "enforce"
 
     def _note_retry(self, key: bytes, guard: StreamGuard | None, retried: bool) -> None:
