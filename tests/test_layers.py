@@ -1,7 +1,9 @@
 """The package layout is the architecture: a walk of the import graph keeps it honest.
 
-* No import circles anywhere in ``proxy`` (imports under ``if TYPE_CHECKING:`` are left out:
-  they never run). A circle means two modules are one module split in the wrong place.
+* No import circles anywhere in ``proxy``, the imports under ``if TYPE_CHECKING:`` included:
+  they never run, but a reader meets them, and a circle means two modules are one module split
+  in the wrong place (a shared type goes down into a module both import, or a protocol names
+  what the lower module uses of the upper one).
 * The pure layers (:mod:`proxy.detect`, :mod:`proxy.core`) import no I/O library and nothing of
   the shell above them, so a folder name says which code is pure.
 * Layers only import downwards: ``cli`` → ``server`` → ``observability`` → ``core`` →
@@ -43,8 +45,9 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(module: str) -> set[str]:
-    """Every module ``module`` imports when it runs (at import time or inside a function)."""
+def _imports(module: str, *, type_checking: bool = False) -> set[str]:
+    """Every module ``module`` imports when it runs (at import time or inside a function),
+    and with ``type_checking`` those it imports for the type checker too."""
     path = MODULES[module]
     tree = ast.parse(path.read_text(encoding="utf-8"))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -52,7 +55,7 @@ def _imports(module: str) -> set[str]:
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
+            if isinstance(child, ast.If) and _is_type_checking(child) and not type_checking:
                 for sub in child.orelse:
                     visit(sub)
                 continue
@@ -72,13 +75,17 @@ def _imports(module: str) -> set[str]:
     return found
 
 
-def _internal_edges(module: str) -> set[str]:
-    return {name for name in _imports(module) if name in MODULES and name != module}
+def _internal_edges(module: str, *, type_checking: bool = False) -> set[str]:
+    return {
+        name
+        for name in _imports(module, type_checking=type_checking)
+        if name in MODULES and name != module
+    }
 
 
-def _cycles() -> list[list[str]]:
+def _cycles(*, type_checking: bool = False) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan)."""
-    graph = {m: _internal_edges(m) for m in MODULES}
+    graph = {m: _internal_edges(m, type_checking=type_checking) for m in MODULES}
     # a package's __init__ importing its own submodules is how packages re-export; the
     # submodules importing the package's names back would be the circle, and counts
     index: dict[str, int] = {}
@@ -127,8 +134,17 @@ def test_the_walk_sees_the_package() -> None:
     assert "proxy.core.guard" in _internal_edges("proxy.server.guarded")
 
 
-def test_no_import_circles() -> None:
-    assert _cycles() == []
+@pytest.mark.parametrize("type_checking", [False, True], ids=["run-time", "with-type-imports"])
+def test_no_import_circles(type_checking: bool) -> None:
+    assert _cycles(type_checking=type_checking) == []
+
+
+def test_the_walk_sees_type_imports() -> None:
+    """Type-only imports are edges of the second walk, not of the first."""
+    assert "proxy.core.relay_types" not in _internal_edges("proxy.core.surfaces.chat")
+    assert "proxy.core.relay_types" in _internal_edges(
+        "proxy.core.surfaces.chat", type_checking=True
+    )
 
 
 @pytest.mark.parametrize("layer", ["detect", "core"])

@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from proxy.detect import Detector, Summary, Verdict
 
 if TYPE_CHECKING:
-    from proxy.core.guard import BlockState
+    from proxy.core.chunks import Piece
+    from proxy.core.records import DetectionAction
     from proxy.detect import DetectorConfig
 
 Channel = Literal["content", "reasoning", "tool"]
@@ -188,3 +190,39 @@ def feed_channel(
     side.note(channel, state.chars, len(text))
     verdict = side.detector(channel).feed(text, tokens=tokens, logprobs=logprobs)
     return None if verdict is None else side.place(verdict, channel)
+
+
+@dataclass(slots=True)
+class BlockState:
+    """One unit of generated text with its own detector: a chat/completions choice, a Responses
+    output item, an Anthropic message."""
+
+    index: int
+    detector: Detector
+    tokens: int = 0
+    chars: int = 0
+    finish_reason: str | None = None
+    stop_reason: Any = None
+    verdict: Verdict | None = None
+    action: DetectionAction | None = None
+    ended: bool = False
+    #: Non-streaming only: (offset of the piece in the detector's text, piece).
+    pieces: list[tuple[int, Piece]] = field(default_factory=list)
+    tools: dict[int, dict[str, Any]] = field(default_factory=dict)
+    logprobs: list[Any] | None = None
+    completion_logprobs: dict[str, list[Any]] | None = None
+    summary: Summary | None = None
+    #: The delta that made the detector fire (logged only with GUARD_LOG_TEXT=true).
+    trigger_text: str | None = None
+    #: The thinking and tool-argument channels, each in its own register (``detector`` is the
+    #: answer's); ``None`` until the block writes text outside its answer (see
+    #: :mod:`proxy.core.channels`).
+    side: SideChannels | None = None
+
+    def finish(self, *, end_drift: bool = True) -> Summary:
+        """The block's summary over all its channels, computed once when it ends;
+        ``end_drift`` as in :meth:`Detector.finish`."""
+        if self.summary is None:
+            answer = self.detector.finish(end_drift=end_drift)
+            self.summary = merge(answer, self.side, self.verdict, end_drift=end_drift)
+        return self.summary

@@ -22,22 +22,22 @@ choice remains. The Responses and Messages surfaces are in :mod:`proxy.core.surf
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import MethodType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from proxy.core import channels, chunks
-from proxy.core.channels import Channel, SideChannels, feed_channel
+from proxy.core.channels import BlockState, Channel, feed_channel
 from proxy.core.chunks import ENGINE_REPETITION, Piece
 from proxy.core.policy import GuardPolicy, Mode
 from proxy.core.reassemble import collect_extra, collect_pieces
-from proxy.core.records import ChoiceRecord, DetectionAction, Endpoint, Outcome
+from proxy.core.records import ChoiceRecord, Endpoint, Outcome
+from proxy.core.relay_types import Surface
 from proxy.core.sse import DONE, DONE_EVENT, SSEParser, encode_data
 from proxy.core.surfaces import surface_for
 from proxy.core.surfaces.chat import ChatSurface
-from proxy.detect import Detector, Summary, Verdict
+from proxy.detect import Detector, Verdict
 from proxy.errors import GuardError, UpstreamError
 
 if TYPE_CHECKING:
@@ -50,57 +50,8 @@ if TYPE_CHECKING:
 __all__ = ["BlockState", "ChoiceState", "GuardPolicy", "Mode", "StreamGuard", "Surface"]
 
 
-@dataclass(slots=True)
-class BlockState:
-    """One unit of generated text with its own detector: a chat/completions choice, a Responses
-    output item, an Anthropic message."""
-
-    index: int
-    detector: Detector
-    tokens: int = 0
-    chars: int = 0
-    finish_reason: str | None = None
-    stop_reason: Any = None
-    verdict: Verdict | None = None
-    action: DetectionAction | None = None
-    ended: bool = False
-    #: Non-streaming only: (offset of the piece in the detector's text, piece).
-    pieces: list[tuple[int, Piece]] = field(default_factory=list)
-    tools: dict[int, dict[str, Any]] = field(default_factory=dict)
-    logprobs: list[Any] | None = None
-    completion_logprobs: dict[str, list[Any]] | None = None
-    summary: Summary | None = None
-    #: The delta that made the detector fire (logged only with GUARD_LOG_TEXT=true).
-    trigger_text: str | None = None
-    #: The thinking and tool-argument channels, each in its own register (``detector`` is the
-    #: answer's); ``None`` until the block writes text outside its answer (see
-    #: :mod:`proxy.core.channels`).
-    side: SideChannels | None = None
-
-    def finish(self, *, end_drift: bool = True) -> Summary:
-        """The block's summary over all its channels, computed once when it ends;
-        ``end_drift`` as in :meth:`Detector.finish`."""
-        if self.summary is None:
-            answer = self.detector.finish(end_drift=end_drift)
-            self.summary = channels.merge(answer, self.side, self.verdict, end_drift=end_drift)
-        return self.summary
-
-
 #: The name the chat relay has always used.
 ChoiceState = BlockState
-
-
-class Surface(Protocol):
-    """The per-surface part of the relay (see the module docstring)."""
-
-    def event(self, guard: StreamGuard, raw: bytes, data: bytes | None) -> bytes:
-        """Client bytes for one upstream event."""
-
-    def failure(self, guard: StreamGuard, error: GuardError) -> bytes:
-        """The events that end a client stream whose upstream failed."""
-
-    def response(self, guard: StreamGuard, trim: bool) -> dict[str, Any]:
-        """The non-streamed answer rebuilt from what the guard saw."""
 
 
 class StreamGuard:

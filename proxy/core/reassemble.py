@@ -19,11 +19,12 @@ from proxy.core import chunks
 from proxy.core.chunks import ENGINE_REPETITION
 
 if TYPE_CHECKING:
+    from proxy.core.channels import BlockState
     from proxy.core.chunks import Piece
-    from proxy.core.guard import BlockState, StreamGuard
+    from proxy.core.relay_types import GuardView
 
 
-def chat_response(guard: StreamGuard, *, trim: bool) -> dict[str, Any]:
+def chat_response(guard: GuardView, *, trim: bool) -> dict[str, Any]:
     """The ``chat.completion`` / ``text_completion`` object vLLM would have answered with."""
     endpoint = guard.policy.endpoint
     tpl = guard.template or {}

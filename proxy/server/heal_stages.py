@@ -1,14 +1,15 @@
 """Heal mode's stages on a guarded request: relay, cut, ask the engine to go on, relay again.
 
 The pure part (what to cut, what to ask, when to stop) is :mod:`proxy.core.heal` and
-:mod:`proxy.core.heal_request`; this is the I/O around it, on one :class:`Exchange`: closing
-the engine's stream at a verdict, opening the continuation (refitting its limit once when the
-engine finds the grown prompt too long) and relaying it to the client as the same choice.
+:mod:`proxy.core.heal_request`; this is the I/O around it, on one exchange
+(:class:`HealCall`): closing the engine's stream at a verdict, opening the continuation
+(refitting its limit once when the engine finds the grown prompt too long) and relaying it to
+the client as the same choice.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import orjson
 
@@ -22,13 +23,46 @@ from proxy.server.upstream import upstream_failed
 from proxy.server.upstream_http import DRAIN_SECONDS
 
 if TYPE_CHECKING:
+    from proxy.core.guard import StreamGuard
+    from proxy.core.heal_request import HealPolicy
+    from proxy.core.records import Endpoint
+    from proxy.core.rewrite import Rewrite
+    from proxy.server.asgi import Send
     from proxy.server.bounds import Watch
-    from proxy.server.exchange import Exchange
+    from proxy.server.state import Proxy
     from proxy.server.upstream_http import Response as UpstreamResponse
 
 
+class HealCall(Protocol):
+    """What the stages use of one guarded exchange (:class:`proxy.server.exchange.Exchange`,
+    which calls :func:`run_heal`): named here, so this module imports nothing from it."""
+
+    proxy: Proxy
+    rw: Rewrite
+    heal: HealPolicy
+    protocol: Endpoint
+    upstream_path: str
+    send: Send
+    extra: list[tuple[bytes, bytes]]
+    guard: StreamGuard | None
+    sse_body: bool
+    stream_open: bool
+
+    def upstream_headers(self) -> list[tuple[bytes, bytes]]: ...
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
+
+    async def pump(
+        self, resp: UpstreamResponse, guard: StreamGuard, watch: Watch, stream: bool, first: bool
+    ) -> None: ...
+
+    async def send_body(self, out: bytes, watch: Watch) -> None: ...
+
+    async def answer(self, guard: StreamGuard) -> None: ...
+
+
 async def run_heal(
-    call: Exchange, resp: UpstreamResponse, guard: HealGuard, watch: Watch
+    call: HealCall, resp: UpstreamResponse, guard: HealGuard, watch: Watch
 ) -> UpstreamResponse:
     """Relay stage after stage: on a verdict close the engine's stream, ask it to continue
     from the cut, and relay that as the same choice; after the last attempt (or when the
@@ -74,7 +108,7 @@ async def run_heal(
     return resp
 
 
-def restart_valid(call: Exchange, guard: HealGuard) -> bool:
+def restart_valid(call: HealCall, guard: HealGuard) -> bool:
     """A restarted constrained answer counts as healed only when it ended by itself and,
     for a JSON constraint, is one strict JSON value (the engine's grammar does not forbid
     raw control characters inside strings on every version; ``.parse()`` does)."""
@@ -85,7 +119,7 @@ def restart_valid(call: Exchange, guard: HealGuard) -> bool:
 
 
 async def continue_answer(
-    call: Exchange, guard: HealGuard, remaining: int
+    call: HealCall, guard: HealGuard, remaining: int
 ) -> tuple[UpstreamResponse, HealGuard] | None:
     """Open the continuation of ``guard``'s cut answer; None when the engine will not give
     one (the failure is counted and logged; the client gets enforce's ending instead)."""

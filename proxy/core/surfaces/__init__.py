@@ -23,7 +23,7 @@ from proxy.core.surfaces.messages import MESSAGES
 from proxy.core.surfaces.responses import RESPONSES
 
 if TYPE_CHECKING:
-    from proxy.core.guard import Surface
+    from proxy.core.relay_types import Surface
 
 SURFACES: Mapping[str, Surface] = {"responses": RESPONSES, "messages": MESSAGES}
 

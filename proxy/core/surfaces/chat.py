@@ -13,20 +13,20 @@ from proxy.core.reassemble import chat_response
 from proxy.core.sse import DONE_EVENT, encode_data
 
 if TYPE_CHECKING:
-    from proxy.core.guard import StreamGuard
+    from proxy.core.relay_types import GuardView
     from proxy.errors import GuardError
 
 
 class ChatSurface:
     """Chat and completions: the event handler is :meth:`StreamGuard._event` itself."""
 
-    def event(self, guard: StreamGuard, raw: bytes, data: bytes | None) -> bytes:
+    def event(self, guard: GuardView, raw: bytes, data: bytes | None) -> bytes:
         return guard._event(raw, data)
 
-    def failure(self, guard: StreamGuard, error: GuardError) -> bytes:
+    def failure(self, guard: GuardView, error: GuardError) -> bytes:
         return encode_data(error.to_json()) + DONE_EVENT
 
-    def response(self, guard: StreamGuard, trim: bool) -> dict[str, Any]:
+    def response(self, guard: GuardView, trim: bool) -> dict[str, Any]:
         return chat_response(guard, trim=trim)
 
 

@@ -28,7 +28,8 @@ from proxy.core.channels import channel_of
 from proxy.core.chunks import Piece
 
 if TYPE_CHECKING:
-    from proxy.core.guard import BlockState, StreamGuard
+    from proxy.core.channels import BlockState
+    from proxy.core.relay_types import GuardView
     from proxy.detect import Verdict
     from proxy.errors import GuardError
 
@@ -62,7 +63,7 @@ class MessagesState:
     usage: dict[str, Any] | None = None
 
 
-def _state(guard: StreamGuard) -> MessagesState:
+def _state(guard: GuardView) -> MessagesState:
     state = guard.extra
     if state is None:
         state = guard.extra = MessagesState()
@@ -96,7 +97,7 @@ encode = chunks.named_event
 
 
 class _Messages:
-    def event(self, guard: StreamGuard, raw: bytes, data: bytes | None) -> bytes:
+    def event(self, guard: GuardView, raw: bytes, data: bytes | None) -> bytes:
         obj = chunks.json_object(data)
         if obj is None:
             return raw
@@ -147,7 +148,7 @@ class _Messages:
             guard.done = True
         return raw
 
-    def _delta(self, guard: StreamGuard, raw: bytes, obj: dict[str, Any]) -> bytes:
+    def _delta(self, guard: GuardView, raw: bytes, obj: dict[str, Any]) -> bytes:
         delta = obj.get("delta")
         if type(delta) is not dict:
             return raw
@@ -169,7 +170,7 @@ class _Messages:
         state.finish_reason = guard.policy.abort_finish_reason
         return raw + self._abort_tail(guard, state, verdict)
 
-    def _abort_tail(self, guard: StreamGuard, state: BlockState, verdict: Verdict) -> bytes:
+    def _abort_tail(self, guard: GuardView, state: BlockState, verdict: Verdict) -> bytes:
         ms = _state(guard)
         out = [encode({"type": "content_block_stop", "index": i}) for i in sorted(ms.open)]
         ms.open.clear()
@@ -177,10 +178,10 @@ class _Messages:
         out.append(encode({"type": "message_stop"}))
         return b"".join(out)
 
-    def failure(self, guard: StreamGuard, error: GuardError) -> bytes:
+    def failure(self, guard: GuardView, error: GuardError) -> bytes:
         return error_event(error)
 
-    def response(self, guard: StreamGuard, trim: bool) -> dict[str, Any]:
+    def response(self, guard: GuardView, trim: bool) -> dict[str, Any]:
         return messages_response(guard, trim=trim)
 
 
@@ -190,7 +191,7 @@ def error_event(error: GuardError) -> bytes:
     return encode(error.to_anthropic())
 
 
-def abort_delta(guard: StreamGuard, state: BlockState, verdict: Verdict) -> dict[str, Any]:
+def abort_delta(guard: GuardView, state: BlockState, verdict: Verdict) -> dict[str, Any]:
     """The ``message_delta`` that ends an aborted message."""
     reason = stop_reason(guard.policy.abort_finish_reason)
     delta: dict[str, Any] = {"stop_reason": reason, "stop_sequence": None}
@@ -207,7 +208,7 @@ def messages_usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
     return {"input_tokens": input_tokens, "output_tokens": output_tokens}
 
 
-def usage(guard: StreamGuard) -> dict[str, Any]:
+def usage(guard: GuardView) -> dict[str, Any]:
     """Input tokens as ``message_start`` said, output tokens counted one per delta."""
     return messages_usage(guard.prompt_tokens or 0, sum(s.tokens for s in guard.choices.values()))
 
@@ -215,7 +216,7 @@ def usage(guard: StreamGuard) -> dict[str, Any]:
 MESSAGES = _Messages()
 
 
-def messages_response(guard: StreamGuard, *, trim: bool) -> dict[str, Any]:
+def messages_response(guard: GuardView, *, trim: bool) -> dict[str, Any]:
     """The Message object, with its content blocks rebuilt from the deltas."""
     ms = guard.extra
     if not isinstance(ms, MessagesState):

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 from proxy.core import chunks
 
 if TYPE_CHECKING:
-    from proxy.core.channels import Channel
-    from proxy.core.guard import BlockState, StreamGuard
+    from proxy.core.channels import BlockState, Channel
+    from proxy.core.relay_types import GuardView
     from proxy.errors import GuardError
 
 #: Delta events whose text the detector reads, and the field holding it.
@@ -82,7 +82,7 @@ class ResponsesState:
     final: dict[str, Any] | None = None
 
 
-def _state(guard: StreamGuard) -> ResponsesState:
+def _state(guard: GuardView) -> ResponsesState:
     state = guard.extra
     if state is None:
         state = guard.extra = ResponsesState()
@@ -114,7 +114,7 @@ encode = chunks.named_event
 
 
 class _Responses:
-    def event(self, guard: StreamGuard, raw: bytes, data: bytes | None) -> bytes:
+    def event(self, guard: GuardView, raw: bytes, data: bytes | None) -> bytes:
         obj = chunks.json_object(data)
         if obj is None:
             return raw
@@ -164,7 +164,7 @@ class _Responses:
 
     def _delta(
         self,
-        guard: StreamGuard,
+        guard: GuardView,
         rs: ResponsesState,
         raw: bytes,
         kind: str,
@@ -192,7 +192,7 @@ class _Responses:
                 st.finish_reason = reason if st is state else None
         return raw + self._abort_tail(guard, rs, state)
 
-    def _abort_tail(self, guard: StreamGuard, rs: ResponsesState, aborted: BlockState) -> bytes:
+    def _abort_tail(self, guard: GuardView, rs: ResponsesState, aborted: BlockState) -> bytes:
         out: list[bytes] = []
 
         def emit(obj: dict[str, Any]) -> None:
@@ -227,7 +227,7 @@ class _Responses:
         emit({"type": kind, "response": incomplete_response(guard, aborted)})
         return b"".join(out)
 
-    def _terminal(self, guard: StreamGuard, rs: ResponsesState, response: Any) -> None:
+    def _terminal(self, guard: GuardView, rs: ResponsesState, response: Any) -> None:
         guard.done = True
         if not isinstance(response, dict):
             guard.error = {"message": "The upstream ended the response without a body."}
@@ -260,7 +260,7 @@ class _Responses:
                 state.ended = True
                 state.finish_reason = finish
 
-    def failure(self, guard: StreamGuard, error: GuardError) -> bytes:
+    def failure(self, guard: GuardView, error: GuardError) -> bytes:
         rs = _state(guard)
         rs.seq += 1
         err = error.to_dict()["error"]
@@ -274,7 +274,7 @@ class _Responses:
             }
         )
 
-    def response(self, guard: StreamGuard, trim: bool) -> dict[str, Any]:
+    def response(self, guard: GuardView, trim: bool) -> dict[str, Any]:
         return responses_response(guard, trim=trim)
 
 
@@ -324,7 +324,7 @@ def closed_item(
 
 
 def incomplete_response(
-    guard: StreamGuard, aborted: BlockState, *, trim: bool = False
+    guard: GuardView, aborted: BlockState, *, trim: bool = False
 ) -> dict[str, Any]:
     """The ``response`` object (``status: "incomplete"``) that ends an aborted stream (and the
     non-streamed aborted answer, trimmed at the onset when ``trim``)."""
@@ -351,7 +351,7 @@ def incomplete_response(
     return out
 
 
-def usage(guard: StreamGuard) -> dict[str, Any]:
+def usage(guard: GuardView) -> dict[str, Any]:
     """The Responses ``usage`` for a stream the guard ended: input tokens as the engine
     reported them (0 when it had not yet), output tokens counted one per delta."""
     rs = _state(guard)
@@ -397,7 +397,7 @@ def responses_usage(input_tokens: int, output_tokens: int, reasoning_tokens: int
 RESPONSES = _Responses()
 
 
-def responses_response(guard: StreamGuard, *, trim: bool) -> dict[str, Any]:
+def responses_response(guard: GuardView, *, trim: bool) -> dict[str, Any]:
     """The Response object: the engine's own (from its terminal event) when the guard let the
     stream finish, else the guard's ``incomplete`` one (trimmed at the onset when ``trim``)."""
     rs = guard.extra
