@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -109,3 +110,14 @@ def otlp_receiver() -> Iterator[Receiver]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def receiving(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
+    """A receiver, and the SDK's variables pointing the proxy at it (exports every 50 ms)."""
+    with otlp_receiver() as rec:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rec.url)
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+        for name in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_TRACES_EXPORTER"):
+            monkeypatch.delenv(name, raising=False)
+        yield rec

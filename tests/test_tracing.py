@@ -14,12 +14,14 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from proxy.observability.metrics import Metrics
 from proxy.observability.tracing import VERDICT_EVENT, Tracing, wanted
+from tests.deploy_tools import COMPOSE, ROOT, dashboard, panels
 from tests.exposition_server import parse, value
 from tests.fakes.vllm import FakeVLLM, Script
-from tests.otlp_receiver import Receiver, otlp_receiver
+from tests.otlp_receiver import Receiver, receiving
 
 MODEL = "fake-model"
 LOOP = "I will check the file again to make sure it is correct. " * 40
@@ -32,12 +34,7 @@ OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0
 
 @pytest.fixture
 def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
-    """A receiver, and the SDK's variables pointing the proxy at it (exports every 50 ms)."""
-    with otlp_receiver() as rec:
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rec.url)
-        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
-        monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
-        monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    with receiving(monkeypatch) as rec:
         yield rec
 
 
@@ -183,3 +180,21 @@ def test_off_by_default_the_client_traceparent_goes_through(
 )
 def test_on_only_when_the_sdk_variables_ask(env: dict[str, str], on: bool) -> None:
     assert wanted(env) is on
+
+
+def test_grafana_links_the_abort_panels_exemplars_to_traces() -> None:
+    """The abort panel asks for exemplars; the data source links their ``trace_id`` (the label
+    the proxy writes) to a traces data source named by a variable; Prometheus stores them."""
+    ds = yaml.safe_load((ROOT / "grafana/provisioning/datasources/prometheus.yml").read_text())
+    (link,) = ds["datasources"][0]["jsonData"]["exemplarTraceIdDestinations"]
+    assert link == {
+        "name": "trace_id",
+        "datasourceUid": "${GRAFANA_TRACES_DATASOURCE_UID}",
+        "urlDisplayLabel": "Open the trace",
+    }
+    (abort,) = [p for p in panels(dashboard()) if p["title"] == "Abort rate by signal"]
+    assert all(t["exemplar"] for t in abort["targets"])
+    assert "guard_detections_total" in abort["targets"][0]["expr"]
+    compose = yaml.safe_load(COMPOSE.read_text())["services"]
+    assert "--enable-feature=exemplar-storage" in compose["prometheus"]["command"]
+    assert "GRAFANA_TRACES_DATASOURCE_UID" in compose["grafana"]["environment"]
