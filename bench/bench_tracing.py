@@ -88,7 +88,8 @@ def instructions(tree: Path, streams: int, traced: bool, corpus: Path) -> tuple[
                 "1" if traced else "0",
                 str(corpus),
             ],
-            env={**os.environ, "PYTHONPATH": str(tree)},
+            # A fixed hash seed: set and dict orders, hence instruction counts, repeat.
+            env={**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"},
             capture_output=True,
             text=True,
             check=True,
