@@ -15,9 +15,10 @@ RUN python3 -m venv /opt/venv
 WORKDIR /src
 # Dependencies first (they change less often than the code): a throwaway install of the
 # declared dependencies, with a placeholder package and README, gets its own cached layer.
+# The otel extra: traces, off until OTEL_EXPORTER_OTLP_ENDPOINT is set (docs/observability.md).
 COPY pyproject.toml ./
 RUN mkdir proxy && touch proxy/__init__.py README.md \
-    && /opt/venv/bin/pip install . \
+    && /opt/venv/bin/pip install '.[otel]' \
     && /opt/venv/bin/pip uninstall -y coherence-guard
 COPY README.md ./
 COPY proxy ./proxy

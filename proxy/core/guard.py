@@ -61,6 +61,10 @@ class StreamGuard:
     defaults to the one ``policy.endpoint`` names.
     """
 
+    #: Called with the block the moment its verdict fires (the shell's tracing sets it; only
+    #: verdicts pay for it, never a chunk).
+    on_verdict: Callable[[BlockState], None] | None = None
+
     def __init__(
         self,
         policy: GuardPolicy,
@@ -119,6 +123,8 @@ class StreamGuard:
             return None
         state.verdict = verdict
         state.trigger_text = text
+        if self.on_verdict is not None:
+            self.on_verdict(state)
         if self.mode != "enforce":
             state.action = "observed"
             return None
@@ -293,6 +299,8 @@ class StreamGuard:
         chunk changed)."""
         state.verdict = verdict
         state.trigger_text = text
+        if self.on_verdict is not None:
+            self.on_verdict(state)
         if self.mode == "enforce":
             state.action = "aborted"
             chunks.mark_aborted(choice, verdict, self.policy.abort_finish_reason, state.tokens)

@@ -43,3 +43,6 @@ class GenerationRecord:
     endpoint: Endpoint
     outcome: Outcome
     choices: list[ChoiceRecord] = field(default_factory=list)
+    #: The request's trace (32 hex digits) when traces are on and it was sampled: the counters
+    #: of its verdicts carry it as an OpenMetrics exemplar.
+    trace_id: str | None = None

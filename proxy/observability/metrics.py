@@ -30,6 +30,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.exposition import choose_encoder
 
 from proxy.core.channels import CHANNELS
 from proxy.core.records import ChoiceRecord, GenerationRecord
@@ -55,20 +56,10 @@ CLIENT_TIMEOUT_KINDS: Final = frozenset({"write", "deadline"})
 #: What vLLM and the OpenAI enum can say, ``none`` for a choice that ended without one, and
 #: ``guard`` for every choice the guard aborted: whatever finish_reason the client was sent
 #: (``GUARD_ABORT_FINISH_REASON`` may be ``length``), so ``length`` keeps meaning "hit max_tokens".
-FINISH_REASONS: Final = frozenset(
-    {
-        "stop",
-        "length",
-        "tool_calls",
-        "function_call",
-        "content_filter",
-        "abort",
-        "error",
-        "repetition",
-        "none",
-        "guard",
-    }
-)
+FINISH_REASONS: Final = frozenset({
+    "stop", "length", "tool_calls", "function_call", "content_filter", "abort", "error",
+    "repetition", "none", "guard",
+})  # fmt: skip
 
 _SIGNALS: Final = frozenset(SIGNALS)
 _CHANNELS: Final = frozenset(CHANNELS)
@@ -359,9 +350,11 @@ class Metrics:
 
     # -- rendering ---------------------------------------------------------------------------
 
-    def render_quality(self) -> tuple[bytes, str]:
-        """Exposition of the quality registry for ``GET /metrics/quality``: (body, content type)."""
-        return generate_latest(self._render_quality), CONTENT_TYPE
+    def render_quality(self, accept: str = "") -> tuple[bytes, str]:
+        """Exposition of the quality registry for ``GET /metrics/quality``: (body, content type);
+        OpenMetrics, with the verdict counters' trace exemplars, when ``accept`` asks for it."""
+        encode, content_type = choose_encoder(accept)
+        return encode(self._render_quality), content_type
 
     def render_infra(self) -> tuple[bytes, str]:
         """Exposition of the infrastructure registry for ``GET /metrics``."""
@@ -389,10 +382,13 @@ class Metrics:
         self._generations(
             model, fixed(record.endpoint, ENDPOINTS), fixed(record.outcome, OUTCOMES)
         ).inc()
+        trace = {"trace_id": record.trace_id} if record.trace_id else None
         for choice in record.choices:
-            self._record_choice(model, choice)
+            self._record_choice(model, choice, trace)
 
-    def _record_choice(self, model: str, choice: ChoiceRecord) -> None:
+    def _record_choice(
+        self, model: str, choice: ChoiceRecord, trace: dict[str, str] | None
+    ) -> None:
         action = choice.detection_action
         if action == "aborted":
             reason = "guard"
@@ -415,7 +411,7 @@ class Metrics:
             if verdict is not None and action is not None:
                 signal = fixed(verdict.signal, _SIGNALS)
                 act = fixed(action, DETECTION_ACTIONS)
-                self._detections(model, signal, act).inc()
+                self._detections(model, signal, act).inc(exemplar=trace)
                 self._channel_detections(model, fixed(verdict.channel, _CHANNELS), act).inc()
                 self._abort_position(model, signal).observe(verdict.fired_at_token)
 
@@ -424,11 +420,20 @@ class Metrics:
             if saved > 0:
                 self._tokens_saved(model).inc(saved)
 
-    def heal_finished(self, model: str, *, attempts: int, success: bool, discarded: int) -> None:
-        """Once per healed choice (``attempts`` continuations were sent)."""
+    def heal_finished(
+        self,
+        model: str,
+        *,
+        attempts: int,
+        success: bool,
+        discarded: int,
+        trace_id: str | None = None,
+    ) -> None:
+        """Once per healed choice (``attempts`` continuations were sent; ``trace_id``: the
+        request's trace, an exemplar)."""
         label = self._model(model)
         if attempts > 0:
-            self._heals(label).inc()
+            self._heals(label).inc(exemplar={"trace_id": trace_id} if trace_id else None)
             self._heal_attempts(label).inc(attempts)
         if success:
             self._heal_successes(label).inc()

@@ -35,6 +35,7 @@ from proxy.errors import (
     UpstreamFailure,
     anthropic_error_object,
 )
+from proxy.observability.tracing import RequestTrace
 from proxy.server.asgi import (
     JSON_HEADERS,
     REQUEST_ID,
@@ -130,6 +131,8 @@ class Exchange:
         self.engine_limit: int | None = None
         self.heal = HealPolicy()
         self.watch = Watch()
+        #: This request's span, when traces are on (proxy/observability/tracing.py).
+        self.trace: RequestTrace | None = None
         self.extra = [
             (b"x-guard-max-tokens", rw.max_tokens_header.encode()),
             (b"x-guard-language", rw.expectation.header().encode()),
@@ -146,7 +149,7 @@ class Exchange:
         )
         out.append((b"content-type", b"application/json"))
         out.append((b"accept-encoding", b"identity"))
-        return out
+        return out if self.trace is None else self.trace.upstream_headers(out)
 
     async def _open(self) -> UpstreamResponse | None:
         """Open the engine's stream. Two refusals are answered by asking again, each once: of
@@ -300,6 +303,8 @@ class Exchange:
                 await self._relay_stream(resp, watch)
                 return
             guard = self.guard = self._make_guard()
+            if self.trace is not None:
+                self.trace.watch(guard)
             if isinstance(guard, HealGuard):
                 resp = await run_heal(self, resp, guard, watch)
                 return

@@ -31,6 +31,7 @@ from proxy.errors import (
 )
 from proxy.server.asgi import (
     MAY_OVERRIDE,
+    REQUEST_ID,
     ClientGone,
     Receive,
     Scope,
@@ -114,6 +115,18 @@ class Guarded:
             )
             answer = SurfaceSend(send, out)
         call = Exchange(proxy, scope, answer, self.endpoint, rw, mode, headers, started)
+        if proxy.tracing is not None:
+            call.trace = proxy.tracing.start(
+                headers,
+                endpoint=self.endpoint,
+                model=rw.model,
+                max_tokens=rw.max_tokens,
+                mode=mode,
+                stream=rw.client_stream,
+                started=started,
+                request_id=scope.get(REQUEST_ID),
+                path=route,
+            )
         call.heal = self.heal
         call.client_body = body
         call.engine_limit = limit

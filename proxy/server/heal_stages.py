@@ -77,6 +77,8 @@ async def run_heal(
         call.proxy.metrics.stream_opened()
     while True:
         await call.pump(resp, guard, watch, stream, guard.attempt == 0)
+        if call.trace is not None:
+            call.trace.stage_ended(guard)
         if not guard.needs_heal:
             if guard.restart and guard.attempt > 0 and not restart_valid(call, guard):
                 guard.give_up()  # not what the client's schema reads: enforce's ending

@@ -1,5 +1,6 @@
 """What one guarded request leaves behind when it ends: its generation record, heal counts, a log
-line per detection (never the text unless GUARD_LOG_TEXT=true), and the request's metrics.
+line per detection (never the text unless GUARD_LOG_TEXT=true), its span when traces are on
+(the counters carry its trace id as an exemplar), and the request's metrics.
 
 Called once per request by the endpoint (:mod:`proxy.server.guarded`) whatever the ending, so a
 generation is counted exactly once: completed, aborted, healed, client gone or upstream failed.
@@ -47,6 +48,14 @@ def finish(call: Exchange, *, client_gone: bool) -> None:
         )
         choices = []
         model = call.rw.model or "unknown"
+    trace = call.trace
+    trace_id = None
+    if trace is not None:
+        trace_id = trace.trace_id
+        status = 499 if client_gone else call.status
+        trace.end(
+            guard, outcome=outcome, choices=choices, expectation=call.rw.expectation, status=status
+        )
     # Heal counts first: a generation recorded means its heal counts are there too.
     if isinstance(guard, HealGuard) and (guard.attempt > 0 or guard.gave_up):
         proxy.metrics.heal_finished(
@@ -54,6 +63,7 @@ def finish(call: Exchange, *, client_gone: bool) -> None:
             attempts=guard.attempt,
             success=guard.healed(),
             discarded=guard.discarded_tokens(),
+            trace_id=trace_id,
         )
         log.info(
             "degenerate generation %s: model=%s endpoint=%s attempts=%d tokens_discarded=%d",
@@ -64,7 +74,13 @@ def finish(call: Exchange, *, client_gone: bool) -> None:
             guard.discarded_tokens(),
         )
     proxy.metrics.record_generation(
-        GenerationRecord(model=model, endpoint=call.endpoint, outcome=outcome, choices=choices)
+        GenerationRecord(
+            model=model,
+            endpoint=call.endpoint,
+            outcome=outcome,
+            choices=choices,
+            trace_id=trace_id,
+        )
     )
     if guard is not None and (guard.aborted or any(c.action for c in guard.choices.values())):
         log_detections(call, guard, model)

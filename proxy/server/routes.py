@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import httpx
 import orjson
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from proxy.server import upstream
@@ -48,8 +48,9 @@ def own_routes(proxy: Proxy) -> APIRouter:
         return Response(body, headers={"content-type": ctype})
 
     @router.get("/metrics/quality")
-    async def quality_metrics() -> Response:
-        body, ctype = metrics.render_quality()
+    async def quality_metrics(request: Request) -> Response:
+        # OpenMetrics when the scraper asks for it (Prometheus does): the format with exemplars.
+        body, ctype = metrics.render_quality(request.headers.get("accept", ""))
         return Response(body, headers={"content-type": ctype})
 
     return router

@@ -14,6 +14,7 @@ import httpx
 from proxy.core.rewrite import RewritePolicy
 from proxy.detect import DetectorConfig
 from proxy.observability.metrics import Metrics
+from proxy.observability.tracing import Tracing
 from proxy.server.bounds import Bounds, Expiry
 from proxy.server.engine_context import EngineContexts
 from proxy.server.upstream import UpstreamConfig
@@ -48,6 +49,8 @@ class Proxy:
         #: Each model's context, so a default limit never exceeds it
         #: (proxy/server/engine_context.py).
         self.contexts = EngineContexts()
+        #: OpenTelemetry traces (``None``: off, the default; see proxy/observability/tracing.py).
+        self.tracing = Tracing.from_env(log_text=settings.log_text)
         self.bounds = Bounds(
             write_timeout=settings.client_write_timeout,
             deadline=settings.request_deadline,
@@ -65,6 +68,8 @@ class Proxy:
 
     async def aclose(self) -> None:
         self.bounds.close()
+        if self.tracing is not None:
+            self.tracing.shutdown()
         await self.fast.aclose()
         if self._client is not None:
             await self._client.aclose()

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 class ByteTap:
     """Forward ``127.0.0.1:<port>`` to ``upstream`` and record what the upstream answered on
-    each connection (engine → proxy direction, in connection order)."""
+    each connection (engine → proxy direction, in connection order), and what it was sent."""
 
     def __init__(self, upstream: str) -> None:
         target = urlsplit(upstream)
@@ -25,6 +25,7 @@ class ByteTap:
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
         self._lock = threading.Lock()
         self._answers: list[bytearray] = []
+        self._requests: list[bytearray] = []
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -32,6 +33,11 @@ class ByteTap:
         """What the engine sent on each connection so far."""
         with self._lock:
             return [bytes(a) for a in self._answers]
+
+    def requests(self) -> list[bytes]:
+        """What the proxy sent the engine on each connection so far."""
+        with self._lock:
+            return [bytes(r) for r in self._requests]
 
     def close(self) -> None:
         self._closed = True
@@ -44,10 +50,11 @@ class ByteTap:
             except OSError:
                 return
             upstream = socket.create_connection(self._target)
-            record = bytearray()
+            record, sent = bytearray(), bytearray()
             with self._lock:
                 self._answers.append(record)
-            threading.Thread(target=_pipe, args=(client, upstream, None), daemon=True).start()
+                self._requests.append(sent)
+            threading.Thread(target=_pipe, args=(client, upstream, sent), daemon=True).start()
             threading.Thread(target=_pipe, args=(upstream, client, record), daemon=True).start()
 
 
