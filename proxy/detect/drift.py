@@ -84,6 +84,24 @@ def source_like(text: str) -> bool:
     return 3 * code >= 2 * len(lines)
 
 
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
+_HANGUL = re.compile(r"[\uac00-\ud7af]")
+#: Languages written in Han characters: Chinese in them is their own script.
+_HAN_WRITTEN = frozenset({"zh", "ja", "wuu", "yue"})
+
+
+def native_segment(segment: str, reference: str) -> bool:
+    """Whether a segment of a stream in a non-Latin script cannot have drifted: it holds no
+    Latin letter (English) and no Chinese. Korean writes an occasional Hanja word among its
+    Hangul, so for Korean Chinese counts only where it outnumbers the Hangul (an answer gone on
+    in Chinese), not as a word here and there."""
+    if _LATIN_LETTER.search(segment):
+        return False
+    if reference in _HAN_WRITTEN or not _HAN.search(segment):
+        return True
+    return reference == "ko" and 2 * len(_HAN.findall(segment)) < len(_HANGUL.findall(segment))
+
+
 def same_language(a: str, b: str) -> bool:
     return a == b or b in _GROUP.get(a, ())
 
@@ -149,10 +167,11 @@ class LanguageDrift:
             self._buf_chars = 0
             return None
         reference = self.expected or self._established
-        if self._non_latin and reference and not _LATIN_LETTER.search(segment):
+        if self._non_latin and reference and native_segment(segment, reference):
             # A stream in a non-Latin script drifts into Latin-script languages (English above
-            # all); drift between languages of one non-Latin script stays within the close
-            # groups above. So a segment without a Latin letter is native: no need to ask.
+            # all) or into Chinese; drift between languages of one non-Latin script stays
+            # within the close groups above. So a segment with neither is native: no need to
+            # ask.
             self._buf.clear()
             self._buf_chars = 0
             fade = 0.5 ** (len(segment) / max(1, cfg.language_half_life_chars))

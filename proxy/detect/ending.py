@@ -44,6 +44,12 @@ UNIT_MIN = 24
 UNIT_CONFIDENCE = 0.7
 #: Identified weight the foreign text must reach.
 FOREIGN_MIN = 100
+#: Consecutive foreign units, or the weight of one, that end an answer and make it drift
+#: whatever their share of it.
+TAIL_UNITS = 2
+TAIL_WEIGHT = 150
+#: Characters up to which an answer is short for that rule (eight streaming segments).
+SHORT_ANSWER = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +87,11 @@ def identified_units(text: str) -> list[Unit]:
     for match in _UNIT.finditer(text):
         piece = match.group()
         if not piece:
+            continue
+        if _code_unit(piece, code_like):
+            # A line of code or a formula has no language, and it must not swallow the prose
+            # around it (a run of formula lines would hold the sentences after it until it
+            # grew too long and was dropped with them).
             continue
         if not pending:
             start = match.start() + len(piece) - len(piece.lstrip())
@@ -152,9 +163,21 @@ def final_drift(text: str, expected: str | None, *, offset: int = 0) -> tuple[fl
         ):
             return (share, runs[0][0].start)
         return None
-    tail_weight = sum(u.weight for u in runs[-1]) if ends_foreign else 0
-    if ends_foreign and tail_weight >= FOREIGN_MIN and tail_weight >= total / 3:
-        return (share, runs[-1][0].start)
+    tail = runs[-1] if ends_foreign else []
+    tail_weight = sum(u.weight for u in tail)
+    # The answer ends in another language and never came back: drift when the foreign ending
+    # is a third of the text. A short answer (a chat turn, a length-capped answer) that drifts
+    # late has no room left to build that share, so there it is enough that the ending is more
+    # than a quotation, a title or a closing phrase in another language (one short unit): two
+    # units or more, or one long sentence — a model that went on in English writes on. A
+    # longer text keeps the share rule (and the streaming judgement): a passage in another
+    # language that ends it is as often a document's untranslated part.
+    short = offset + len(text) <= SHORT_ANSWER
+    if tail_weight >= FOREIGN_MIN and (
+        tail_weight >= total / 3
+        or (short and (len(tail) >= TAIL_UNITS or tail_weight >= TAIL_WEIGHT))
+    ):
+        return (share, tail[0].start)
     if share >= 0.5:
         return (share, runs[0][0].start)
     return None

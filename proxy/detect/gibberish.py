@@ -48,14 +48,17 @@ _TOKEN = re.compile(r"\S+")
 _NOT_PROSE = re.compile(r"[0-9_/\\@=+%&#<>{}\[\]|`$^~*]|://|\.\w")
 #: Lower-case and upper-case letters of those alphabets (a stretch of one case).
 _LOWER = "a-z\u00df-\u00f6\u00f8-\u00ff\u0101-\u017f\u03ac-\u03ce\u0430-\u045f"
+#: A stretch of cased letters (the part of a mixed token that can be a run).
+_CASED_RUN = re.compile("[" + _CASED + "]+")
 _UPPER = "A-Z\u00c0-\u00d6\u00d8-\u00de\u0386-\u03ab\u0400-\u042f"
 
 # ----------------------------------------------------------------------------- script soup
 
 #: Scripts and symbol blocks, as (name, character class). Characters outside every group (ASCII
 #: digits and punctuation, General Punctuation, Latin-1 symbols, currency, combining marks,
-#: emoji and dingbats, box drawing and shapes, which trees and tables put against words) are
-#: neutral: they neither change nor join a script.
+#: emoji and dingbats, box drawing and shapes, which trees and tables put against words; CJK
+#: punctuation and the fullwidth forms of ASCII punctuation, which Chinese and Japanese put
+#: against everything) are neutral: they neither change nor join a script.
 _GROUPS: tuple[tuple[str, str], ...] = (
     ("latin", "A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f\u1e00-\u1eff"),
     ("ipa", "\u0250-\u02af\u1d00-\u1dbf"),
@@ -68,41 +71,54 @@ _GROUPS: tuple[tuple[str, str], ...] = (
     ("indic", "\u0900-\u0dff"),
     ("thai-lao", "\u0e01-\u0e3a\u0e40-\u0e4e\u0e81-\u0edf"),
     ("georgian", "\u10a0-\u10ff"),
-    ("hangul", "\u1100-\u11ff\u3130-\u318f\uac00-\ud7af"),
+    ("hangul", "\u1100-\u11ff\u3130-\u318f\uac00-\ud7af\uffa0-\uffdc"),
     ("ethiopic", "\u1200-\u137f"),
-    ("cjk", "\u2e80-\u2fdf\u3005-\u3007\u3040-\u30ff\u3100-\u312f\u3400-\u4dbf\u4e00-\u9fff"),
+    (
+        "cjk",
+        "\u2e80-\u2fdf\u3005-\u3007\u3040-\u30ff\u3100-\u312f\u3400-\u4dbf\u4e00-\u9fff"
+        "\uf900-\ufaff\uff66-\uff9f",
+    ),
     ("super-sub", "\u2070-\u209f"),
     ("letterlike", "\u2100-\u214f"),
     ("number-forms", "\u2150-\u218f"),
     ("arrows", "\u2190-\u21ff\u27f0-\u27ff\u2900-\u297f"),
-    ("math", "\u2200-\u22ff\u27c0-\u27ef\u2980-\u2aff"),
-    ("technical", "\u2300-\u23ff"),
-    ("enclosed", "\u2460-\u24ff"),
+    # Operators, and the technical block's floor and ceiling brackets (``⌊x⌋``).
+    ("math", "\u2200-\u22ff\u2308-\u230b\u27c0-\u27ef\u2980-\u2aff\U0001d400-\U0001d7ff"),
+    ("technical", "\u2300-\u2307\u230c-\u23ff"),
+    ("enclosed", "\u2460-\u24ff\u3200-\u32ff"),
     ("presentation", "\ufb00-\ufb4f"),
-    ("fullwidth", "\uff01-\uffef"),
+    # Fullwidth letters and digits (their punctuation is neutral, above).
+    ("fullwidth", "\uff10-\uff19\uff21-\uff3a\uff41-\uff5a"),
 )
 #: Changes of script inside a word that real text makes (UTS #39's allowed mixes for Japanese,
-#: Chinese and Korean; Greek letters in scientific units and variables; mathematics; Thai and
-#: CJK text that runs into an English word without a space).
+#: Chinese and Korean; Thai and CJK text that runs into an English word without a space; CJK
+#: lists numbered with circled digits).
 _ALLOWED: dict[str, frozenset[str]] = {
-    "latin": frozenset({"greek", "cjk", "hangul", "thai-lao", "fullwidth", "ipa"}),
-    "greek": frozenset({"latin"}),
-    "cjk": frozenset({"latin", "hangul", "fullwidth"}),
-    "hangul": frozenset({"latin", "cjk", "fullwidth"}),
+    "latin": frozenset({"cjk", "hangul", "thai-lao", "fullwidth", "ipa"}),
+    "cjk": frozenset({"latin", "hangul", "fullwidth", "enclosed"}),
+    "hangul": frozenset({"latin", "cjk", "fullwidth", "enclosed"}),
     "fullwidth": frozenset({"latin", "cjk", "hangul"}),
     "thai-lao": frozenset({"latin"}),
     "ipa": frozenset({"latin"}),
 }
-_MATH = frozenset({"super-sub", "letterlike", "number-forms", "arrows", "math"})
+#: Formula characters: what mathematics, physics and chemistry write inline in *any* language
+#: (``对于任意ε>0``, ``∀x(能阅读(x)→有文化(x))``, ``CO₂的``, ``25℃で``, ``第Ⅱ卷``, ``x∈집합``).
+#: A formula is a context, not a change of script: these go with every script's letters and with
+#: each other. Greek is among them because inline Greek letters are mathematical symbols (ε, δ,
+#: π, μ), next to letters of any script.
+_FORMULA = frozenset({"greek", "super-sub", "letterlike", "number-forms", "arrows", "math"})
+#: Symbol blocks that are not letters of a script (soup between these and formula characters,
+#: or a letter, still counts: an APL symbol into a script capital, a circled digit into Greek).
+_SYMBOLS = frozenset({"technical", "enclosed", "presentation"}) | _FORMULA
 
 
 def _allowed(a: str, b: str) -> bool:
     if a == b or b in _ALLOWED.get(a, ()) or a in _ALLOWED.get(b, ()):
         return True
-    # Mathematics: operators, arrows, super/subscripts, letterlike and number forms go with
-    # Latin and Greek letters and with each other.
-    math_or_sci = _MATH | {"latin", "greek"}
-    return a in math_or_sci and b in math_or_sci
+    if a in _FORMULA and b in _FORMULA:
+        return True
+    # A formula character beside a letter of any script (not beside another symbol block).
+    return (a in _FORMULA and b not in _SYMBOLS) or (b in _FORMULA and a not in _SYMBOLS)
 
 
 def _switch_pattern() -> re.Pattern[str]:
@@ -117,6 +133,12 @@ def _switch_pattern() -> re.Pattern[str]:
 
 
 _SWITCH = _switch_pattern()
+
+
+def script_changes(text: str) -> int:
+    """Changes of script inside words of ``text`` that real text does not make (what the soup
+    shape counts; for measurement and tests)."""
+    return 0 if text.isascii() else len(_SWITCH.findall(text))
 
 
 class Gibberish:
@@ -196,7 +218,9 @@ class Gibberish:
             longest = sum(len(m) for m in self._lower.findall(token))
             longest += sum(len(m) for m in self._upper.findall(token))
             if longest:
-                total += len(token)
+                # A token of a script written without spaces is a whole clause: only its
+                # cased letters count (``使用internationalization的方法`` is one long word).
+                total += len(token) if token.isascii() else sum(map(len, _CASED_RUN.findall(token)))
                 if first < 0:
                     first = base + match.start()
         return total, first

@@ -55,6 +55,13 @@ _EDGE_CLASS = "[" + re.escape(_EDGES) + "]*"
 _WORD = re.compile(r"(?<!\S)" + _EDGE_CLASS + "(" + _LETTERS + ")" + _EDGE_CLASS + r"(?!\S)")
 _WHOLE = re.compile(_LETTERS)
 _MAX_TOKEN = 256
+#: Languages that write compounds as one word, and the shortest part of one that is judged.
+_COMPOUNDING = frozenset({"de", "nl"})
+_MIN_PART = 4
+#: What separates the items of an enumeration.
+_SEPARATORS = frozenset(",;")
+#: Characters of whitespace that may stand between two items of an enumeration.
+_GAP = 16
 _SEEN_MAX = 50_000
 
 
@@ -65,6 +72,12 @@ class ProseWords:
     arrived (or the stream ends), so a word split across deltas is seen whole. Fenced code and
     inline code are skipped, as are URLs, capitalised words (names, sentence starts), and tokens
     with digits, underscores, dashes or dots inside (identifiers, versions, file names).
+
+    Each word comes with whether it stands *inside an enumeration*: its token ends in a comma
+    (or semicolon) and so does the token before it (``…, emakhuwa, xichangana, cisena, …``). A
+    run of single words between commas is a list of names or terms (the local languages of a
+    country, written in lower case in Portuguese; chemical elements; package names), which no
+    word list need hold; salad is invented words in running sentences.
     """
 
     def __init__(self) -> None:
@@ -72,8 +85,11 @@ class ProseWords:
         self._carry_at = 0
         self._fenced = False
         self._ticked = False
+        # Where the last token judged so far ended, and whether in a list separator.
+        self._last_end = -_GAP - 1
+        self._last_separator = False
 
-    def feed(self, text: str, *, final: bool = False) -> list[tuple[str, int]]:
+    def feed(self, text: str, *, final: bool = False) -> list[tuple[str, int, bool]]:
         buf = self._carry + text
         base = self._carry_at
         if final or buf[-1:].isspace():
@@ -90,16 +106,35 @@ class ProseWords:
         if self._fenced or self._ticked or buf.find("`", 0, cut) != -1:
             return self._tokens(buf, cut, base)
         # Fast path (no code in sight): one regular expression finds the whole-token words.
-        out: list[tuple[str, int]] = []
+        out: list[tuple[str, int, bool]] = []
         for match in _WORD.finditer(buf, 0, cut):
             word = match.group(1)
             if len(word) >= _MIN_LETTERS:
-                _keep(word, base + match.start(1), out)
+                sep = match.group()[-1] in _SEPARATORS
+                listed = sep and self._separated(buf, match.start(), base)
+                _keep(word, base + match.start(1), listed, out)
+        self._note_last(buf, cut, base)
         return out
 
-    def _tokens(self, buf: str, cut: int, base: int) -> list[tuple[str, int]]:
+    def _separated(self, buf: str, start: int, base: int) -> bool:
+        """Whether the token before the one at ``start`` ends in a list separator (and is at
+        most a few spaces away)."""
+        head = buf[max(0, start - _GAP) : start].rstrip()
+        if head:
+            return head[-1] in _SEPARATORS
+        return self._last_separator and self._last_end > base + start - _GAP
+
+    def _note_last(self, buf: str, cut: int, base: int) -> None:
+        """Remember where the last complete token ended and whether in a separator (for the
+        next feed, whose first token may follow it)."""
+        head = buf[max(0, cut - _GAP) : cut].rstrip()
+        if head:
+            self._last_separator = head[-1] in _SEPARATORS
+            self._last_end = base + max(0, cut - _GAP) + len(head)
+
+    def _tokens(self, buf: str, cut: int, base: int) -> list[tuple[str, int, bool]]:
         """Token by token, following code fences and inline code."""
-        out: list[tuple[str, int]] = []
+        out: list[tuple[str, int, bool]] = []
         for match in _TOKEN.finditer(buf, 0, cut):
             token = match.group()
             if token == "\n":
@@ -118,25 +153,27 @@ class ProseWords:
                 continue
             word = token.strip(_EDGES)
             if len(word) >= _MIN_LETTERS and _WHOLE.fullmatch(word):
-                _keep(word, base + match.start() + token.find(word), out)
+                listed = token[-1] in _SEPARATORS and self._separated(buf, match.start(), base)
+                _keep(word, base + match.start() + token.find(word), listed, out)
+        self._note_last(buf, cut, base)
         return out
 
 
-def _keep(word: str, start: int, out: list[tuple[str, int]]) -> None:
+def _keep(word: str, start: int, listed: bool, out: list[tuple[str, int, bool]]) -> None:
     """Append the lower-case parts of four letters or more of ``word`` (split at apostrophes:
     "dell'amore" is two words)."""
     if "'" not in word and "’" not in word:
         if word.islower() and word.isalpha():
-            out.append((word, start))
+            out.append((word, start, listed))
         return
     for part in _APOSTROPHE.split(word):
         if len(part) >= _MIN_LETTERS and part.islower() and part.isalpha():
-            out.append((part, start + word.find(part)))
+            out.append((part, start + word.find(part), listed))
 
 
 def prose_words(text: str) -> list[str]:
     """The words of a whole text that the signal looks at (for measurement and tests)."""
-    return [word for word, _ in ProseWords().feed(text, final=True)]
+    return [word for word, _, _ in ProseWords().feed(text, final=True)]
 
 
 def normalise(word: str) -> str:
@@ -170,6 +207,17 @@ class Lexicon:
             return True
         if len(self._known) < _SEEN_MAX:
             self._known.add(word)
+        return False
+
+    def compound(self, word: str) -> bool:
+        """Whether ``word`` is two listed words of four letters or more written as one
+        (``krankheits|relevanten``, ``transkriptom|ischen``): German and Dutch write new
+        compounds freely, and technical prose is full of ones no list holds. Invented words
+        rarely split into two real ones (``vergads|punkten``, ``haupseit|stufen``)."""
+        unknown = self.unknown
+        for i in range(_MIN_PART, len(word) - _MIN_PART + 1):
+            if not unknown(word[:i]) and not unknown(word[i:]):
+                return True
         return False
 
     def __len__(self) -> int:
@@ -269,17 +317,21 @@ class WordSalad:
             return None
         return self._judge(cfg.salad_end_min_unknown_share, cfg.salad_end_min_distinct_unknown)
 
-    def _add(self, found: list[tuple[str, int]]) -> bool:
+    def _add(self, found: list[tuple[str, int, bool]]) -> bool:
         if self._lexicon is None:
             self._lexicon = lexicon(self._language)
             if self._lexicon is None:  # pragma: no cover - wordfreq missing
                 self.active = False
                 return False
-        lookup = self._lexicon.unknown
+        words = self._lexicon
+        lookup = words.unknown
+        compounds = self._language in _COMPOUNDING
         window = self._window
         size = max(1, self.config.salad_window_words)
-        for word, offset in found:
-            unknown = lookup(word)
+        for word, offset, listed in found:
+            # An item of an enumeration is a name or a term (see ProseWords); a closed compound
+            # of two listed words is a word of a compounding language.
+            unknown = not listed and lookup(word) and not (compounds and words.compound(word))
             if len(window) == size:
                 self._unknown -= window.popleft()[1]
             window.append((word, unknown, offset))

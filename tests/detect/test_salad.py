@@ -170,7 +170,7 @@ def test_offsets_point_at_the_words() -> None:
     text = "Er sagte: «vielleicht» und ging. `code hier` dann dell'amore weiter"
     found = ProseWords().feed(text, final=True)
     assert found
-    for word, offset in found:
+    for word, offset, _ in found:
         assert text[offset : offset + len(word)] == word
 
 
@@ -192,7 +192,7 @@ def test_feeding_in_pieces_finds_what_the_whole_text_holds(
     text = "".join(pieces)
     whole = ProseWords().feed(text, final=True)
     words = ProseWords()
-    got: list[tuple[str, int]] = []
+    got: list[tuple[str, int, bool]] = []
     last = 0
     for cut in sorted(min(c, len(text)) for c in cuts):
         got += words.feed(text[last:cut])
