@@ -27,6 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import Field, ValidationError, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
+from proxy.core.language_names import JUDGED, resolve
 from proxy.detect import DetectorConfig
 
 _ENV = SettingsConfigDict(
@@ -36,34 +37,9 @@ _ENV = SettingsConfigDict(
 MASK = "***"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
-#: The ISO 639-1 codes the language model (fastText ``lid.176``) can answer with; a language it
-#: cannot name can never be "expected", so any other value would count every answer as drift.
-#: (``tests/test_settings.py`` checks this against the model file.)
-_CODES = (
-    "af am an ar as av az ba be bg bh bn bo br bs ca ce co cs cv cy da de dv el en eo es et eu "
-    "fa fi fr fy ga gd gl gn gu gv he hi hr ht hu hy ia id ie io is it ja jv ka kk km kn ko ku "
-    "kv ky la lb li lo lt lv mg mk ml mn mr ms mt my ne nl nn no oc or os pa pl ps pt rm ro ru "
-    "sa sc sd sh si sk sl so sq sr su sv sw ta te tg th tk tl tr tt ug uk ur uz vi wa yi yo zh "
-    "kw qu vo"
-)
-LANGUAGE_CODES = frozenset(_CODES.split(" "))
-
-#: Names people write instead of the code (English and native), for the "did you mean" hint.
-_LANGUAGE_NAMES: Mapping[str, str] = {
-    "english": "en", "italian": "it", "italiano": "it", "french": "fr", "francais": "fr",
-    "français": "fr", "german": "de", "deutsch": "de", "spanish": "es", "espanol": "es",
-    "español": "es", "castellano": "es", "portuguese": "pt", "portugues": "pt",
-    "português": "pt", "dutch": "nl", "nederlands": "nl", "polish": "pl", "polski": "pl",
-    "russian": "ru", "ukrainian": "uk", "chinese": "zh", "mandarin": "zh", "japanese": "ja",
-    "korean": "ko", "turkish": "tr", "swedish": "sv", "czech": "cs", "arabic": "ar",
-    "bulgarian": "bg", "catalan": "ca", "danish": "da", "greek": "el", "estonian": "et",
-    "persian": "fa", "farsi": "fa", "finnish": "fi", "hebrew": "he", "hindi": "hi",
-    "croatian": "hr", "hungarian": "hu", "indonesian": "id", "lithuanian": "lt",
-    "latvian": "lv", "malay": "ms", "norwegian": "no", "romanian": "ro", "slovak": "sk",
-    "slovenian": "sl", "serbian": "sr", "thai": "th", "vietnamese": "vi", "bengali": "bn",
-    "tamil": "ta", "urdu": "ur", "swahili": "sw", "basque": "eu", "galician": "gl",
-    "icelandic": "is", "welsh": "cy", "irish": "ga", "latin": "la",
-}  # fmt: skip
+#: The ISO 639-1 codes the language model (fastText ``lid.176``) can answer with
+#: (``tests/test_settings.py`` checks this against the model file).
+LANGUAGE_CODES = JUDGED
 
 #: Fields whose values are secrets: never echoed in an error message.
 SECRET_FIELDS = frozenset({"api_keys", "override_api_keys", "metrics_api_keys", "upstream_api_key"})
@@ -134,15 +110,17 @@ def _check_upstream_url(value: str) -> str:
     return text
 
 
-def check_language(value: str) -> str:
-    """A language setting (off, auto, an ISO 639-1 code or a name) as the code, else ValueError."""
+def check_language(value: str, *, names: bool = False) -> str:
+    """A language setting (off, auto, an ISO 639-1 code) as the code, else ValueError. With
+    ``names`` (the ``x-guard-language`` header) a BCP-47 tag (``pt-BR``, ``zh-Hans-CN``) or a
+    language name in any indexed language (``french``, ``Français``) is read as its code too;
+    the configuration takes codes only and hints at the code."""
     text = value.strip().lower()
     if text in ("off", "auto") or text in LANGUAGE_CODES:
         return text
-    code = _LANGUAGE_NAMES.get(text)
-    if code is None:
-        base = re.split(r"[-_]", text, maxsplit=1)[0]  # en-US, pt_BR
-        code = base if base in LANGUAGE_CODES else None
+    code = resolve(text)
+    if names and code is not None:
+        return code
     hint = f"; did you mean {code}?" if code else ""
     raise ValueError(
         "must be off, auto or a two-letter ISO 639-1 code the language model knows (en, it, "

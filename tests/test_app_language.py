@@ -36,7 +36,9 @@ def test_english_answer_to_a_french_request_is_aborted_and_says_why(
     raw = client.chat.completions.with_raw_response.create(
         model="m", messages=[{"role": "user", "content": ASK}], max_tokens=400
     )
-    assert raw.headers["x-guard-language"] == "fr; source=request; by=instruction"
+    assert raw.headers["x-guard-language"] == (
+        "fr; source=request; by=instruction; strength=strong"
+    )
     choice = raw.parse().choices[0]
     assert choice.finish_reason == "content_filter"
     guard = (choice.model_extra or {})["guard"]
@@ -48,7 +50,9 @@ def test_english_answer_to_a_french_request_is_aborted_and_says_why(
         "content": "Réponds uniquement en français. N'utilise aucune autre langue.",
     }
     text = metrics.render_quality()[0].decode()
-    assert 'guard_language_expectation_total{model="m",source="request"} 1.0' in text
+    assert (
+        'guard_language_expectation_total{model="m",source="request",strength="strong"} 1.0' in text
+    )
 
 
 @pytest.mark.parametrize("allowed", [False, True])
@@ -65,7 +69,7 @@ def test_client_language_header_only_where_allowed(
     assert "x-guard-language" not in fake_upstream.last.headers
     finish = r.json()["choices"][0]["finish_reason"]
     if allowed:
-        assert r.headers["x-guard-language"] == "en; source=request; by=header"
+        assert r.headers["x-guard-language"] == "en; source=request; by=header; strength=strong"
         assert finish == "stop"
         bad = httpx.post(
             base + "/v1/chat/completions", json=body, headers={"x-guard-language": "klingon"}
@@ -73,5 +77,7 @@ def test_client_language_header_only_where_allowed(
         assert bad.status_code == 400
         assert bad.json()["error"]["param"] == "x-guard-language"
     else:
-        assert r.headers["x-guard-language"] == "fr; source=request; by=instruction"
+        assert r.headers["x-guard-language"] == (
+            "fr; source=request; by=instruction; strength=strong"
+        )
         assert finish == "content_filter"

@@ -317,8 +317,8 @@ def test_fixed_label_sets(metrics: Metrics) -> None:
     metrics.max_tokens_rewritten("m", "clamped")
     metrics.max_tokens_rewritten("m", "exploded")
     metrics.language_constraint("m", "DE")
-    metrics.language_expectation("m", "request")
-    metrics.language_expectation("m", "the-moon")
+    metrics.language_expectation("m", "request", "strong")
+    metrics.language_expectation("m", "the-moon", "very")
     metrics.upstream_error("timeout")
     metrics.upstream_error("cosmic-ray")
     metrics.request_finished("/v1/chat/completions", 200, 0.2)
@@ -327,8 +327,9 @@ def test_fixed_label_sets(metrics: Metrics) -> None:
     assert value(q, "guard_max_tokens_rewritten_total", model="m", action="clamped") == 2
     assert value(q, "guard_max_tokens_rewritten_total", model="m", action=OTHER) == 1
     assert value(q, "guard_language_constraint_total", model="m", language="de") == 1
-    assert value(q, "guard_language_expectation_total", model="m", source="request") == 1
-    assert value(q, "guard_language_expectation_total", model="m", source=OTHER) == 1
+    expectation = "guard_language_expectation_total"
+    assert value(q, expectation, model="m", source="request", strength="strong") == 1
+    assert value(q, expectation, model="m", source=OTHER, strength=OTHER) == 1
     i = parse(metrics.render_infra()[0])
     assert value(i, "guard_proxy_upstream_errors_total", kind="timeout") == 1
     assert value(i, "guard_proxy_upstream_errors_total", kind=OTHER) == 1

@@ -113,4 +113,4 @@ def test_derive_order_and_ambiguity() -> None:
         "Write a Python function that translates text into French.",
         "How would I translate my website into Spanish?",
     ):
-        assert derive([], program).code is None
+        assert derive([], program).strength != "strong"  # the language is the program's

@@ -210,7 +210,6 @@ ITALIAN = "Scrivi una storia lunga sul mare e sulle montagne della Sardegna, per
     ("text", "code"),
     [
         (ITALIAN, "it"),
-        ("Write a long story about the sea and the mountains of Scotland, please.", "en"),
         ("Écris une longue histoire sur la mer et les montagnes de Bretagne, s'il te plaît.", "fr"),
         ("Schreibe bitte eine lange Geschichte über das Meer und die Berge in Bayern.", "de"),
         ("Напиши, пожалуйста, длинную историю о море и горах Кавказа.", "ru"),
@@ -221,6 +220,22 @@ def test_auto_language_instructs_in_the_users_language(text: str, code: str) -> 
     rw = rewrite_request(body, "chat", RewritePolicy(language="auto"))
     assert rw.injected_language == code
     assert rw.body["messages"][0]["content"] == language_instruction(code)
+
+
+def test_auto_language_does_not_instruct_an_english_prompt_without_a_request() -> None:
+    """An English prompt that asks for no language sets a weak expectation: nothing injected."""
+    text = "Write a long story about the sea and the mountains of Scotland, please."
+    rw = rewrite_request(chat(messages=[{"role": "user", "content": text}]), "chat", auto())
+    assert (rw.expected_language, rw.expectation.strength, rw.injected_language) == (
+        "en",
+        "weak",
+        None,
+    )
+    assert rw.body["messages"] == [{"role": "user", "content": text}]
+
+
+def auto() -> RewritePolicy:
+    return RewritePolicy(language="auto")
 
 
 def test_auto_language_reads_the_latest_user_message_and_text_parts() -> None:

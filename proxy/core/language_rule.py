@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from proxy.core.language_names import english_name
 from proxy.core.records import Endpoint
 from proxy.core.requested_language import Expectation
 
@@ -44,31 +45,31 @@ LANGUAGE_INSTRUCTIONS: Mapping[str, str] = {
 }
 
 
-#: English names for the languages that get the English fallback sentence.
-LANGUAGE_NAMES: Mapping[str, str] = {
-    "ar": "Arabic", "bg": "Bulgarian", "ca": "Catalan", "da": "Danish", "el": "Greek",
-    "et": "Estonian", "fa": "Persian", "fi": "Finnish", "he": "Hebrew", "hi": "Hindi",
-    "hr": "Croatian", "hu": "Hungarian", "id": "Indonesian", "lt": "Lithuanian", "lv": "Latvian",
-    "ms": "Malay", "no": "Norwegian", "ro": "Romanian", "sk": "Slovak", "sl": "Slovenian",
-    "sr": "Serbian", "th": "Thai", "vi": "Vietnamese", "bn": "Bengali", "ta": "Tamil",
-    "ur": "Urdu", "sw": "Swahili", "eu": "Basque", "gl": "Galician", "is": "Icelandic",
-}  # fmt: skip
-
-
 def language_instruction(code: str) -> str:
-    """The instruction for ``code``, in that language where we have it, else in English."""
+    """The instruction for ``code``, in that language where we have it, else in English naming
+    the language (its English name from langcodes, :mod:`proxy.core.language_names`)."""
     if code in LANGUAGE_INSTRUCTIONS:
         return LANGUAGE_INSTRUCTIONS[code]
-    name = LANGUAGE_NAMES.get(code, f"the language with ISO 639-1 code '{code}'")
+    name = english_name(code) or f"the language with ISO 639-1 code '{code}'"
     return f"Respond only in {name}. Do not use any other language."
+
+
+def _injected(setting: str, expectation: Expectation) -> str | None:
+    """The language to inject: only a strong expectation (an explicit setting or request, or a
+    prompt in a language other than English) is told to the model; a weak one (a language the
+    prompt is about, an English prompt) is not, since an instruction could contradict a request
+    the derivation did not read."""
+    if setting == "off" or expectation.strength != "strong":
+        return None
+    return expectation.code
 
 
 def constrain_surface_language(
     body: dict[str, Any], endpoint: Endpoint, setting: str, expectation: Expectation
 ) -> str | None:
     """The language constraint in ``instructions`` (Responses) or ``system`` (Messages)."""
-    code = expectation.code
-    if setting == "off" or code is None:
+    code = _injected(setting, expectation)
+    if code is None:
         return None
     instruction = language_instruction(code)
     key = "instructions" if endpoint == "responses" else "system"
@@ -88,8 +89,8 @@ def constrain_language(
 ) -> str | None:
     """Inject the expected language's instruction (chat only; the language whose instruction
     was injected, or None). Completions get none: their prompt is raw text we must not edit."""
-    code = expectation.code
-    if setting == "off" or code is None or endpoint != "chat":
+    code = _injected(setting, expectation)
+    if code is None or endpoint != "chat":
         return None
     add_system_instruction(body, language_instruction(code))
     return code

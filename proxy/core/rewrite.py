@@ -407,7 +407,8 @@ def expect_language(
     prompt with no explicit request sets no expectation: models drift *into* English, not out
     of it, and an English prompt often wants another language in words the derivation does not
     read ("What are common Japanese greetings?"); a Chinese or Korean answer to it is still
-    caught by the script-intrusion signal.
+    caught by the script-intrusion signal. Header, configuration and instructions are strong;
+    what the prompt's language says may be weak (:mod:`proxy.core.requested_language`).
     """
     if header is not None:
         if header in ("none", "off"):

@@ -22,7 +22,7 @@ from collections import deque
 from typing import Any
 
 from proxy.detect.diversity import compression_ratio, distinct_ratio, words_of
-from proxy.detect.drift import LanguageDrift, code_like, source_like
+from proxy.detect.drift import LanguageDrift, code_like, source_like, with_close_languages
 from proxy.detect.ending import final_drift, final_flood, final_loop
 from proxy.detect.entropy import EntropyWindow, token_entropy
 from proxy.detect.gibberish import Gibberish
@@ -51,7 +51,8 @@ class Detector:
     ``expected_language`` is an ISO 639-1 code when the request carried a language constraint;
     ``structured`` marks JSON output (``response_format``), where repetition is expected;
     ``language_source`` says where the expected language came from (reported with a
-    language-drift verdict).
+    language-drift verdict); ``accepted_languages`` are other languages a weak expectation
+    accepts.
     """
 
     def __init__(
@@ -61,6 +62,7 @@ class Detector:
         expected_language: str | None = None,
         structured: bool = False,
         language_source: str | None = None,
+        accepted_languages: frozenset[str] = frozenset(),
     ) -> None:
         self.config = config or DetectorConfig()
         # "pt-BR", "zh_Hans" -> "pt", "zh": fastText answers with the bare ISO 639-1 code.
@@ -68,6 +70,9 @@ class Detector:
         self.expected_language = code or None
         #: Where the expectation came from, reported with a language-drift verdict.
         self.language_source = language_source
+        #: Other languages the answer may be in: a weak expectation accepts the languages the
+        #: prompt names ("Explain por and para in Spanish": English and Spanish).
+        self.accepted_languages = with_close_languages(accepted_languages - {code})
         self.structured = structured
         cfg = self.config
         self._step = max(16, cfg.check_every_chars)
@@ -98,7 +103,7 @@ class Detector:
         self._words: deque[str] = deque(maxlen=max(20, cfg.ngram_window_words))
         self._checks = 0
         self._diversity_next = 0
-        self._drift = LanguageDrift(cfg, self.expected_language)
+        self._drift = LanguageDrift(cfg, self.expected_language, self.accepted_languages)
         self._salad = WordSalad(cfg, self.expected_language)
         self._gibberish = Gibberish(cfg)
         self._entropy = EntropyWindow(cfg.entropy_window_tokens)
@@ -186,7 +191,12 @@ class Detector:
         short = self._chars <= 8 * cfg.language_segment_chars
         if drift and cfg.language_drift and not self._json_like and (short or self._drift.doubt):
             judged = base + max(0, len(text) - cfg.end_drift_chars)
-            found = final_drift(text[-cfg.end_drift_chars :], self.expected_language, offset=judged)
+            found = final_drift(
+                text[-cfg.end_drift_chars :],
+                self.expected_language,
+                offset=judged,
+                accepted=self.accepted_languages,
+            )
             if found is not None:
                 self._fire("language-drift", found[0], judged + found[1])
                 return

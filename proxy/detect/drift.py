@@ -106,12 +106,26 @@ def same_language(a: str, b: str) -> bool:
     return a == b or b in _GROUP.get(a, ())
 
 
+def with_close_languages(codes: frozenset[str]) -> frozenset[str]:
+    """``codes`` and the languages identification confuses them with (one set, built once per
+    stream, so each segment costs one membership test)."""
+    return frozenset(codes).union(*(_GROUP.get(code, ()) for code in codes))
+
+
 class LanguageDrift:
     """Language-drift state of one stream."""
 
-    def __init__(self, config: DetectorConfig, expected_language: str | None) -> None:
+    def __init__(
+        self,
+        config: DetectorConfig,
+        expected_language: str | None,
+        accepted: frozenset[str] = frozenset(),
+    ) -> None:
         self.config = config
         self.expected = expected_language
+        #: Other languages an answer may be in (a weak expectation: the languages the prompt
+        #: names), with their close languages (:func:`with_close_languages`).
+        self.accepted = accepted
         self._buf: list[str] = []
         self._buf_chars = 0
         self._segments = 0
@@ -196,7 +210,8 @@ class LanguageDrift:
         if found is None:
             return None
         code, confidence = found
-        if reference is not None and not same_language(reference, code):
+        native = same_language(reference, code) if reference else False
+        if reference is not None and not native and code not in self.accepted:
             self.doubt = True
         if reference is None:
             if confidence >= cfg.language_min_confidence:
@@ -213,7 +228,7 @@ class LanguageDrift:
         fade = 0.5 ** (len(clean) / max(1, cfg.language_half_life_chars))
         self._total = self._total * fade + len(clean)
         self._off *= fade
-        if same_language(reference, code):
+        if native or code in self.accepted:
             self._streak = 0
             if confidence >= cfg.language_min_confidence:
                 self._in_foreign = False

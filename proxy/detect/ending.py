@@ -120,9 +120,17 @@ def identified_units(text: str) -> list[Unit]:
     return units
 
 
-def final_drift(text: str, expected: str | None, *, offset: int = 0) -> tuple[float, int] | None:
+def _native(reference: str, code: str, accepted: frozenset[str]) -> bool:
+    return same_language(reference, code) or code in accepted
+
+
+def final_drift(
+    text: str, expected: str | None, *, offset: int = 0, accepted: frozenset[str] = frozenset()
+) -> tuple[float, int] | None:
     """(foreign share, onset offset in ``text``) when the finished ``text`` has drifted;
-    ``offset`` is how much of the stream came before ``text``."""
+    ``offset`` is how much of the stream came before ``text``; ``accepted``: other languages
+    the answer may be in (:func:`~proxy.detect.drift.with_close_languages` of a weak
+    expectation's)."""
     units = identified_units(text)
     known = [u for u in units if u.code is not None]
     if not known:
@@ -133,7 +141,7 @@ def final_drift(text: str, expected: str | None, *, offset: int = 0) -> tuple[fl
         reference = known[0].code
     assert reference is not None
     total = sum(u.weight for u in units)
-    foreign = [u for u in known if not same_language(reference, u.code or "")]
+    foreign = [u for u in known if not _native(reference, u.code or "", accepted)]
     foreign_weight = sum(u.weight for u in foreign)
     if foreign_weight < FOREIGN_MIN or total == 0:
         return None
@@ -142,7 +150,7 @@ def final_drift(text: str, expected: str | None, *, offset: int = 0) -> tuple[fl
     runs: list[list[Unit]] = []
     previous_foreign = False
     for unit in known:
-        is_foreign = not same_language(reference, unit.code or "")
+        is_foreign = not _native(reference, unit.code or "", accepted)
         if is_foreign and not previous_foreign:
             runs.append([])
         if is_foreign:

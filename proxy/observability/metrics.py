@@ -34,7 +34,7 @@ from prometheus_client.exposition import choose_encoder
 
 from proxy.core.channels import CHANNELS
 from proxy.core.records import ChoiceRecord, GenerationRecord
-from proxy.core.requested_language import SOURCES
+from proxy.core.requested_language import SOURCES, STRENGTHS
 from proxy.detect import SIGNALS
 from proxy.observability.labels import OTHER, CappedLabel, Children, fixed
 from proxy.observability.multiprocess import (
@@ -51,6 +51,7 @@ ENDPOINTS: Final = frozenset({"chat", "completions", "responses", "messages"})
 DETECTION_ACTIONS: Final = frozenset({"aborted", "observed", "healed"})
 MAX_TOKENS_ACTIONS: Final = frozenset({"defaulted", "clamped", "rejected"})
 LANGUAGE_SOURCES: Final = frozenset(SOURCES)
+LANGUAGE_STRENGTHS: Final = frozenset(STRENGTHS)
 UPSTREAM_ERROR_KINDS: Final = frozenset({"connect", "timeout", "status", "protocol", "disconnect"})
 CLIENT_TIMEOUT_KINDS: Final = frozenset({"write", "deadline"})
 #: What vLLM and the OpenAI enum can say, ``none`` for a choice that ended without one, and
@@ -188,8 +189,9 @@ class Metrics:
                 "guard_language_expectation",
                 "Guarded requests by where the expected answer language came from: the client's "
                 "request (header or instruction), the prompt's language, the configuration, or "
-                "none.",
-                ("model", "source"),
+                "none; and how sure it is (strong: only that language; weak: the prompt's and "
+                "the languages it names; none).",
+                ("model", "source", "strength"),
                 registry=q,
             )
         )
@@ -448,10 +450,14 @@ class Metrics:
         """A language instruction was injected into the request."""
         self._language_constraint(self._model(model), self._language(language.lower())).inc()
 
-    def language_expectation(self, model: str, source: str) -> None:
-        """source in request | prompt | config | none
-        (:data:`proxy.core.requested_language.SOURCES`)."""
-        self._language_expectation(self._model(model), fixed(source, LANGUAGE_SOURCES)).inc()
+    def language_expectation(self, model: str, source: str, strength: str = "none") -> None:
+        """source in request | prompt | config | none, strength in strong | weak | none
+        (:data:`proxy.core.requested_language.SOURCES`, ``STRENGTHS``)."""
+        self._language_expectation(
+            self._model(model),
+            fixed(source, LANGUAGE_SOURCES),
+            fixed(strength, LANGUAGE_STRENGTHS),
+        ).inc()
 
     # -- infrastructure ----------------------------------------------------------------------
 

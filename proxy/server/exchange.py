@@ -65,11 +65,16 @@ def make_detector(proxy: Proxy, rw: Rewrite) -> Callable[[], Detector]:
     config = proxy.detector_config
     lang = rw.expected_language
     source = rw.expectation.source
+    accepted = rw.expectation.accepted
     structured = rw.structured
 
     def make() -> Detector:
         return Detector(
-            config, expected_language=lang, structured=structured, language_source=source
+            config,
+            expected_language=lang,
+            structured=structured,
+            language_source=source,
+            accepted_languages=accepted,
         )
 
     return make

@@ -243,7 +243,7 @@ class Guarded:
         if value in ("none", "off"):
             return "none"
         try:
-            code = check_language(value)
+            code = check_language(value, names=True)
         except ValueError as exc:
             raise BadRequest(f"'x-guard-language' {exc}.", param="x-guard-language") from None
         return None if code == "auto" else code
@@ -272,7 +272,9 @@ class Guarded:
         if rw.injected_language is not None:
             proxy.metrics.language_constraint(model, rw.injected_language)
         if mode != "off":
-            proxy.metrics.language_expectation(model, rw.expectation.source)
+            proxy.metrics.language_expectation(
+                model, rw.expectation.source, rw.expectation.strength
+            )
         if mode == "off":
             rw.body["stream"] = rw.client_stream
         return rw

@@ -57,7 +57,9 @@ def test_auto_follows_a_request_for_english_in_a_french_prompt(
     ]
     kwargs = {"model": model_name, "max_tokens": 120, **GREEDY}
     raw = proxy.openai().chat.completions.with_raw_response.create(messages=[messages[1]], **kwargs)
-    assert raw.headers["x-guard-language"] == "en; source=request; by=instruction"
+    assert raw.headers["x-guard-language"] == (
+        "en; source=request; by=instruction; strength=strong"
+    )
     guarded = raw.parse().choices[0]
     # What the proxy sent is what the engine answers to the same request with that instruction.
     direct = llama_engine.openai().chat.completions.create(messages=messages, **kwargs)

@@ -1,0 +1,133 @@
+"""The language a prompt is written in (the last rule of :mod:`proxy.core.requested_language`).
+
+Short prompts: fastText (``proxy.detect.language``) misjudges a few words of Latin script, but most
+scripts name their language outright (Hangul is Korean, kana Japanese, Thai, Greek, Hebrew,
+Georgian, Armenian …), and a Chinese question of ten characters is a whole question. Languages
+that identification splits (Indonesian and Malay) are scored as one group. Pure: no I/O besides
+the language model that ``proxy.detect.language`` loads once.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Scripts that name their language outright, and the letters a short text needs.
+_SCRIPT_LANGUAGE: tuple[tuple[str, str], ...] = (
+    ("\uac00-\ud7af\u1100-\u11ff\u3130-\u318f", "ko"),
+    ("\u3040-\u30ff\u31f0-\u31ff", "ja"),
+    ("\u0e00-\u0e7f", "th"),
+    ("\u0370-\u03ff\u1f00-\u1fff", "el"),
+    ("\u0590-\u05ff", "he"),
+    ("\u10a0-\u10ff", "ka"),
+    ("\u0530-\u058f", "hy"),
+    ("\u0980-\u09ff", "bn"),
+    ("\u0a00-\u0a7f", "pa"),
+    ("\u0a80-\u0aff", "gu"),
+    ("\u0b80-\u0bff", "ta"),
+    ("\u0c00-\u0c7f", "te"),
+    ("\u0c80-\u0cff", "kn"),
+    ("\u0d00-\u0d7f", "ml"),
+    ("\u0d80-\u0dff", "si"),
+    ("\u1780-\u17ff", "km"),
+    ("\u0e80-\u0eff", "lo"),
+    ("\u1000-\u109f", "my"),
+    ("\u1200-\u137f", "am"),
+)
+_SCRIPT_RES = tuple((re.compile(f"[{cls}]"), code) for cls, code in _SCRIPT_LANGUAGE)
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_ARABIC = re.compile(r"[\u0600-\u06ff\u0750-\u077f\ufb50-\ufdff\ufe70-\ufeff]")
+_DEVANAGARI = re.compile(r"[\u0900-\u097f]")
+_CYRILLIC = re.compile(r"[\u0400-\u052f]")
+_LETTER = re.compile(r"[^\W\d_]")
+_PERSIAN = re.compile(r"[پچژگ]")
+_URDU = re.compile(r"[ٹڈڑںےھ]")
+_UKRAINIAN = re.compile(r"[іїєґІЇЄҐ]")
+_RUSSIAN = re.compile(r"[ыэъёЫЭЪЁ]")
+# Short words only one of the two writes (question words, conjunctions, "this", "me").
+_UKRAINIAN_WORDS = frozenset(
+    ("що", "чому", "як", "це", "та", "або", "але", "який", "яка", "яке", "які", "де", "коли",
+     "ти", "мені", "чи", "навіщо", "скільки", "хто")
+)  # fmt: skip
+_RUSSIAN_WORDS = frozenset(
+    ("что", "почему", "как", "это", "или", "но", "какой", "какая", "какое", "какие", "где",
+     "когда", "ты", "мне", "ли", "зачем", "сколько", "кто")
+)  # fmt: skip
+# Letters only Vietnamese uses among the languages people write to models in.
+_VIETNAMESE = re.compile(r"[\u1ea0-\u1ef9ơưƠƯ]")
+_ACCENTED = re.compile(r"[^\W\da-zA-Z_]")
+
+#: Languages identification splits; scored as one, named by the first (the one far more
+#: people write to a model in).
+_MERGED = {"ms": "id"}
+#: Identification on ``n`` cleaned characters must reach this confidence (by length).
+_MIN_CHARS = 12
+_LONG_CHARS = 20
+_SHORT_CONFIDENCE = 0.90
+_CONFIDENCE = 0.75
+#: fastText candidates handed to the word-frequency judgement of a short prompt.
+_CANDIDATES = 5
+
+
+def prompt_language(text: str) -> str | None:
+    """The language ``text`` is written in, or None when unsure.
+
+    Scripts that belong to one language decide at once (two or three letters are enough); a
+    text in Han without kana is Chinese from four characters on; Latin, Cyrillic and Arabic
+    script need fastText, with the Indonesian/Malay split summed."""
+    from proxy.detect.language import strip_noise
+
+    clean = strip_noise(text)
+    letters = _LETTER.findall(clean)
+    if not letters:
+        return None
+    total = len(letters)
+    for pattern, code in _SCRIPT_RES:
+        count = len(pattern.findall(clean))
+        if count >= 2 and 2 * count >= total * (0.3 if code == "ja" else 1.0):
+            return code
+    han = len(_HAN.findall(clean))
+    if han >= 4 and 2 * han >= total:
+        return "zh"
+    arabic = len(_ARABIC.findall(clean))
+    if arabic >= 4 and 2 * arabic >= total:
+        fallback = "fa" if _PERSIAN.search(clean) else "ur" if _URDU.search(clean) else "ar"
+        return _identified(clean, {"ar", "fa", "ur", "ps", "ckb"}) or fallback
+    if len(_DEVANAGARI.findall(clean)) >= 4 and 2 * len(_DEVANAGARI.findall(clean)) >= total:
+        return _identified(clean, {"hi", "mr", "ne"}) or "hi"
+    cyrillic = len(_CYRILLIC.findall(clean))
+    if cyrillic >= 4 and 2 * cyrillic >= total:
+        # Russian and Ukrainian share most words; a wrong guess between them would judge one
+        # language's words against the other's word list, so letters and the few short words
+        # only one of them writes decide, and identification only where they say nothing.
+        words = set(re.findall(r"\w+", clean.lower()))
+        ukrainian = bool(_UKRAINIAN.search(clean) or words & _UKRAINIAN_WORDS)
+        russian = bool(_RUSSIAN.search(clean) or words & _RUSSIAN_WORDS)
+        if ukrainian != russian:
+            return "uk" if ukrainian else "ru"
+        return _identified(clean, None)
+    if _VIETNAMESE.search(clean) and len(_ACCENTED.findall(clean)) >= 2:
+        return "vi"
+    return _identified(clean, None, words=True)
+
+
+def _identified(clean: str, within: set[str] | None, *, words: bool = False) -> str | None:
+    """fastText's answer when confident enough for the length (merged pairs summed). When it
+    is not and ``words`` (Latin script), a short prompt's words may still tell: see
+    :mod:`proxy.detect.word_language`."""
+    from proxy.detect.language import classify_top
+
+    top = classify_top(clean, _CANDIDATES)
+    scores: dict[str, float] = {}
+    for code, prob in top[:3]:
+        code = _MERGED.get(code, code)
+        scores[code] = scores.get(code, 0.0) + prob
+    if scores and len(clean) >= _MIN_CHARS:
+        best = max(scores, key=scores.__getitem__)
+        need = _CONFIDENCE if len(clean) >= _LONG_CHARS else _SHORT_CONFIDENCE
+        if scores[best] >= need:
+            return best if within is None or best in within else None
+    if not words:
+        return None
+    from proxy.detect.word_language import identify_by_words
+
+    return identify_by_words(clean, top)
