@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from proxy.core.heal_request import HealPolicy
     from proxy.core.records import Endpoint
     from proxy.core.rewrite import Rewrite
+    from proxy.observability.tracing import RequestTrace
     from proxy.server.asgi import Send
     from proxy.server.bounds import Watch
     from proxy.server.state import Proxy
@@ -47,6 +48,7 @@ class HealCall(Protocol):
     guard: StreamGuard | None
     sse_body: bool
     stream_open: bool
+    trace: RequestTrace | None
 
     def upstream_headers(self) -> list[tuple[bytes, bytes]]: ...
 
