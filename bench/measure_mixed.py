@@ -35,7 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, os.environ.get("MEASURE_PROXY_ROOT", str(ROOT)))
 
 from proxy.cli.score import split_deltas  # noqa: E402
-from proxy.detect import Detector, Verdict  # noqa: E402
+from proxy.detect import Detector, DetectorConfig, Verdict  # noqa: E402
+from proxy.detect.gibberish import _SWITCH  # noqa: E402
+from proxy.detect.salad import SALAD_LANGUAGES, WordSalad  # noqa: E402
 
 DATA = ROOT / "bench" / "data"
 LANGUAGE_CODES = {"English": "en", "Italian": "it", "French": "fr", "Spanish": "es", "German": "de"}
@@ -80,6 +82,23 @@ def measure(show: bool) -> dict[str, Any]:
         kind: _count(rows, "FALSE ALARM" if show else None)
         for kind, rows in sorted(by_kind.items())
     }
+    # What the signals accumulate below their thresholds: script changes the soup shape counts,
+    # and the share of prose words the salad signal calls unknown (whole text, one window).
+    whole = DetectorConfig(salad_window_words=1_000_000)
+    evidence: dict[str, dict[str, float]] = {}
+    for kind, rows in sorted(by_kind.items()):
+        changes = sum(len(_SWITCH.findall(text)) for _, text, _ in rows)
+        words = unknown = 0
+        for _, text, lang in rows:
+            if lang in SALAD_LANGUAGES:
+                salad = WordSalad(whole, lang)
+                salad.update(text, final=True)
+                words += len(salad._window)
+                unknown += salad._unknown
+        evidence[kind] = {"script_changes": changes}
+        if words:
+            evidence[kind]["unknown_word_share"] = round(unknown / words, 4)
+    out["mixed_healthy_evidence"] = evidence
     gib = [r for r in _jsonl(DATA / "gibberish.jsonl") if r["label"] == "gibberish"]
     out["gibberish_language_expected"] = _count(
         [(str(i), r["text"], LANGUAGE_CODES[r["language"]]) for i, r in enumerate(gib)], None

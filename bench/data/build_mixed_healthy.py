@@ -75,14 +75,14 @@ def regions(text: str, size: int = _REGION) -> Iterator[str]:
 
 
 def untranslated(text: str, lang: str) -> bool:
-    """Whether a paragraph of 200 characters or more is in English in a text of another
+    """Whether a paragraph of 80 characters or more is in English in a text of another
     language: a document translated in part (the development corpus drops such pages; its
     drift against the document's language is a known gap, not this set's subject)."""
     from proxy.detect.language import classify, strip_noise
 
     for para in re.split(r"\n\s*\n", text):
         clean = strip_noise(para)
-        if len(clean) >= 200 and lang != "en":
+        if len(clean) >= 80 and lang != "en":
             found = classify(clean)
             if found is not None and found[0] == "en" and found[1] >= 0.5:
                 return True

@@ -24,7 +24,7 @@ the whole (bounded) text can be judged at once:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from proxy.detect.drift import OPENING_MAX, code_like, fallback_languages, same_language
@@ -77,6 +77,30 @@ def words_in(unit: str) -> int:
     return len(unit.split()) + len(_WIDE.findall(unit)) // 2
 
 
+# A sentence of a script written without spaces that goes on in Latin-script words to its end:
+# the point where it switches (a model that leaves Chinese or Japanese mid-sentence).
+_TO_LATIN = re.compile(
+    r"(?<=[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af])"
+    r"(?=[ \t]*[A-Za-z][A-Za-z ,;:'’-]{39,}[.!?\"”]*\s*$)"
+)
+
+
+def _pieces(text: str) -> Iterator[tuple[int, str]]:
+    """Sentence-sized pieces of ``text`` with their offsets; a CJK or Hangul sentence that
+    switches to a run of Latin-script words to its end is two pieces (else the sentence is a
+    mixture that identifies as neither language)."""
+    for match in _UNIT.finditer(text):
+        piece = match.group()
+        if not piece:
+            continue
+        switch = _TO_LATIN.search(piece) if _WIDE.search(piece) else None
+        if switch is None:
+            yield match.start(), piece
+        else:
+            yield match.start(), piece[: switch.start()]
+            yield match.start() + switch.start(), piece[switch.start() :]
+
+
 def identified_units(text: str) -> list[Unit]:
     """Cut ``text`` into sentence-sized units (short ones merged forward) and identify each."""
     from proxy.detect.language import classify, strip_noise
@@ -84,21 +108,19 @@ def identified_units(text: str) -> list[Unit]:
     units: list[Unit] = []
     start = 0
     pending = ""
-    for match in _UNIT.finditer(text):
-        piece = match.group()
-        if not piece:
-            continue
+    for piece_start, piece in _pieces(text):
+        piece_end = piece_start + len(piece)
         if _code_unit(piece, code_like):
             # A line of code or a formula has no language, and it must not swallow the prose
             # around it (a run of formula lines would hold the sentences after it until it
             # grew too long and was dropped with them).
             continue
         if not pending:
-            start = match.start() + len(piece) - len(piece.lstrip())
+            start = piece_start + len(piece) - len(piece.lstrip())
         pending += piece
         clean = "" if _code_unit(pending, code_like) else strip_noise(pending)
         weight = _weight(clean)
-        if weight < UNIT_MIN and match.end() < len(text):
+        if weight < UNIT_MIN and piece_end < len(text):
             if len(pending) > 600:
                 pending = ""  # markup or code with no prose in it: skip it
             continue
@@ -109,7 +131,7 @@ def identified_units(text: str) -> list[Unit]:
         # translates to …" is an English sentence, whatever the quotation says.
         # Without the quotation too little may be left to be sure of: then the whole unit.
         found = None
-        if _QUOTED.search(piece_text := text[start : match.end()]):
+        if _QUOTED.search(piece_text := text[start:piece_end]):
             unquoted = strip_noise(_QUOTED.sub(" ", piece_text))
             if _weight(unquoted) >= UNIT_MIN:
                 found = classify(unquoted)

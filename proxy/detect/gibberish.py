@@ -16,7 +16,8 @@ Two shapes of it, both seen when a small model's sampling is pushed far from its
   a technical symbol into a letterlike one, enclosed digits beside Greek. Real text changes
   script between words (a list of greetings in six alphabets), or inside a word only in a few
   known ways (Japanese and Korean mix Han, kana or Hangul with Latin; scientists write ``μm``
-  and ``Δx``; mathematics puts operators, arrows, super- and subscripts against letters). Soup
+  and ``Δx``; mathematics puts Greek letters, operators, arrows, super- and subscripts against
+  the letters of any script: ``对于任意ε>0``, ``CO₂的``, ``8πです``). Soup
   changes script *inside* words, between unrelated ones (Hebrew into Arabic, Cyrillic into a
   Latin ligature, a technical symbol into a letterlike one). The signal counts those changes,
   in the sense of Unicode's mixed-script detection (UTS #39), over a window.

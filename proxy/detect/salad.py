@@ -58,6 +58,7 @@ _MAX_TOKEN = 256
 #: Languages that write compounds as one word, and the shortest part of one that is judged.
 _COMPOUNDING = frozenset({"de", "nl"})
 _MIN_PART = 4
+_MIN_COMPOUND = 12
 #: What separates the items of an enumeration.
 _SEPARATORS = frozenset(",;")
 #: Characters of whitespace that may stand between two items of an enumeration.
@@ -210,10 +211,14 @@ class Lexicon:
         return False
 
     def compound(self, word: str) -> bool:
-        """Whether ``word`` is two listed words of four letters or more written as one
-        (``krankheits|relevanten``, ``transkriptom|ischen``): German and Dutch write new
-        compounds freely, and technical prose is full of ones no list holds. Invented words
-        rarely split into two real ones (``vergads|punkten``, ``haupseit|stufen``)."""
+        """Whether ``word`` is a closed compound of two listed words: twelve letters or more,
+        split into two listed parts of four letters or more (``krankheits|relevanten``,
+        ``transkriptom|ischen``). German and Dutch write new compounds freely, and technical
+        prose is full of ones no list holds. The invented words of a small model's salad are
+        shorter (``koppligern``, ``neuenzeigen``: ten or eleven letters), and below twelve
+        letters a string splits too easily into two of the list's many short entries."""
+        if len(word) < _MIN_COMPOUND:
+            return False
         unknown = self.unknown
         for i in range(_MIN_PART, len(word) - _MIN_PART + 1):
             if not unknown(word[:i]) and not unknown(word[i:]):

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from proxy.detect import DetectorConfig
+from proxy.detect.ending import identified_units
 from proxy.detect.gibberish import script_changes
 from proxy.detect.salad import ProseWords, WordSalad, lexicon
 from tests.detect.conftest import stream
@@ -139,3 +140,15 @@ def test_an_english_title_at_the_end_is_not_drift() -> None:
     title = ROWS["dev-lcb-mistral-large-en-okapi-62"]["text"].split("\n")[0]
     text = start[: start.rfind(". ", 0, 400) + 2] + "\n\n" + title
     assert stream(text, ONLY_DRIFT, expected_language="es").verdict is None
+
+
+def test_a_japanese_sentence_that_goes_on_in_english_is_two_units() -> None:
+    """A model that leaves Japanese in the middle of a sentence: the Japanese part and the
+    English part are identified apart (as one unit the mixture identified as neither)."""
+    head = ROWS["dev-fc-ja-gpt-4-31-t1"]["text"].split("\n")[0]
+    head = head[: head.index("用いて") + 3]
+    english: str = ROWS["dev-lcb-llama-3-instruct-en-okapi-39"]["text"]
+    body = english[english.index("proponents") : english.index(". ") + 1]
+    units = identified_units(head + body)
+    assert [u.code for u in units] == ["ja", "en"]
+    assert units[1].start == len(head)
