@@ -123,7 +123,7 @@ def test_monitor_heal_and_text_only_when_asked(
     receiver: Receiver, fake_upstream: FakeVLLM, proxy_server: Callable[..., str]
 ) -> None:
     metrics = Metrics()
-    base = proxy_server(metrics=metrics, allow_client_override=True, log_text=True)
+    base = proxy_server(metrics=metrics, allow_client_override=True, log_text=True, language="en")
 
     # Monitor: relayed to its end; the verdict is an event all the same, action observed.
     fake_upstream.script = Script(texts=[LOOP], finish_reason="length")
@@ -164,7 +164,7 @@ def test_off_by_default_the_client_traceparent_goes_through(
     monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
     assert Tracing.from_env() is None
     metrics = Metrics()
-    base = proxy_server(metrics=metrics)
+    base = proxy_server(metrics=metrics, language="en")
     fake_upstream.script = Script(texts=[LOOP])
     chat(base)
     assert fake_upstream.guarded_requests()[-1].headers["traceparent"] == TRACEPARENT
