@@ -61,6 +61,18 @@ COMPOSE_VARS: list[tuple[str, str, str]] = [
     ("GRAFANA_PUBLISH_PORT", "3000", "Host port of Grafana."),
     ("GRAFANA_ADMIN_USER", "admin", "Grafana admin user."),
     ("GRAFANA_ADMIN_PASSWORD", "admin", "Grafana admin password: change it."),
+    (
+        "GRAFANA_TRACES_DATASOURCE_UID",
+        "tempo",
+        "uid of the Tempo or Jaeger data source the abort panel's exemplars link to.",
+    ),
+    (
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "",
+        "OpenTelemetry: set (e.g. http://tempo:4318) and the proxy exports a span per guarded "
+        "request; other OTEL_* variables work too (docs/observability.md). Read from the "
+        "environment: compose passes it from .env; export it for coherence-guard serve.",
+    ),
     ("PROXY_BASE_IMAGE", "python:3.12-slim-bookworm", "Base image of the proxy build."),
 ]
 

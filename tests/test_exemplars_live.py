@@ -98,7 +98,7 @@ def test_prometheus_stores_the_trace_id_of_an_abort(
     proxy_server: Callable[..., str],
     prometheus: Callable[[str], str],
 ) -> None:
-    base = proxy_server(metrics=Metrics())
+    base = proxy_server(metrics=Metrics(), language="en")
     fake_upstream.script = Script(texts=[LOOP])
     r = httpx.post(
         base + "/v1/chat/completions",

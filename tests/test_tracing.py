@@ -9,7 +9,11 @@ exists unless the ``OTEL_*`` variables ask for it.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -119,7 +123,7 @@ def test_monitor_heal_and_text_only_when_asked(
     receiver: Receiver, fake_upstream: FakeVLLM, proxy_server: Callable[..., str]
 ) -> None:
     metrics = Metrics()
-    base = proxy_server(metrics=metrics, allow_client_override=True, log_text=True)
+    base = proxy_server(metrics=metrics, allow_client_override=True, log_text=True, language="en")
 
     # Monitor: relayed to its end; the verdict is an event all the same, action observed.
     fake_upstream.script = Script(texts=[LOOP], finish_reason="length")
@@ -160,7 +164,7 @@ def test_off_by_default_the_client_traceparent_goes_through(
     monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
     assert Tracing.from_env() is None
     metrics = Metrics()
-    base = proxy_server(metrics=metrics)
+    base = proxy_server(metrics=metrics, language="en")
     fake_upstream.script = Script(texts=[LOOP])
     chat(base)
     assert fake_upstream.guarded_requests()[-1].headers["traceparent"] == TRACEPARENT
@@ -198,3 +202,33 @@ def test_grafana_links_the_abort_panels_exemplars_to_traces() -> None:
     compose = yaml.safe_load(COMPOSE.read_text())["services"]
     assert "--enable-feature=exemplar-storage" in compose["prometheus"]["command"]
     assert "GRAFANA_TRACES_DATASOURCE_UID" in compose["grafana"]["environment"]
+
+
+_MULTIPROCESS = """
+import dataclasses, sys
+from proxy.observability.metrics import Metrics
+from tests.test_metrics import aborted
+m = Metrics()
+m.record_generation(dataclasses.replace(aborted(), trace_id=sys.argv[2]))
+body, content_type = m.render_quality(sys.argv[1])
+sys.stdout.write(content_type + "\\n" + body.decode())
+"""
+
+
+def test_multiprocess_mode_counts_without_exemplars(tmp_path: Path) -> None:
+    """``--workers N > 1``: prometheus-client's shared files hold values, not exemplars; the
+    OpenMetrics answer has the same counts and no trace id (docs/observability.md says so)."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", _MULTIPROCESS, OPENMETRICS, CLIENT_TRACE],
+        env=env,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    content_type, body = out.split("\n", 1)
+    assert content_type.startswith("application/openmetrics-text")
+    line = 'guard_detections_total{action="aborted",model="m",signal="repetition"} 1.0'
+    assert line in body.splitlines()
+    assert "trace_id" not in body

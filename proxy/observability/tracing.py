@@ -281,10 +281,21 @@ class RequestTrace:
     ) -> None:
         """Write the span's attributes and verdict events, then end it (once per request)."""
         span = self.span
-        if not span.is_recording():
+        try:
+            if span.is_recording():
+                self._write(guard, outcome, list(choices), expectation, status)
+        finally:
             span.end()
-            return
-        records = list(choices)
+
+    def _write(
+        self,
+        guard: StreamGuard | None,
+        outcome: str,
+        records: list[ChoiceRecord],
+        expectation: Expectation,
+        status: int,
+    ) -> None:
+        span = self.span
         attrs: dict[str, Any] = {
             "coherence_guard.outcome": outcome,
             "http.response.status_code": status,
@@ -319,7 +330,6 @@ class RequestTrace:
             from opentelemetry.trace import Status, StatusCode
 
             span.set_status(Status(StatusCode.ERROR, "upstream error"))
-        span.end()
 
     def _event(
         self, stage: StreamGuard, state: BlockState, expectation: Expectation

@@ -6,6 +6,7 @@ start-up so the per-request code only reads fields.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 
@@ -69,7 +70,8 @@ class Proxy:
     async def aclose(self) -> None:
         self.bounds.close()
         if self.tracing is not None:
-            self.tracing.shutdown()
+            # Exports what is queued: network I/O, so off the event loop.
+            await asyncio.to_thread(self.tracing.shutdown)
         await self.fast.aclose()
         if self._client is not None:
             await self._client.aclose()

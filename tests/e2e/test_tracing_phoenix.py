@@ -77,7 +77,7 @@ def test_loop_traced_into_phoenix(
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
     tap = ByteTap(llama_engine.url)
     try:
-        proxy = start_proxy(tap.url)
+        proxy = start_proxy(tap.url, language="en")  # one language: a short warm-up
         body = {
             "model": model_name,
             "messages": [{"role": "user", "content": LOOP_PROMPTS["en"]}],
