@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from proxy.cli.score import split_deltas
 from proxy.core.language_names import JUDGED, english_name, resolve
 from proxy.core.language_rule import language_instruction
 from proxy.core.requested_language import derive
@@ -221,7 +222,9 @@ def _text(path: str, row_id: str) -> str:
 
 def _verdict(text: str, expected: str, accepted: frozenset[str]) -> str | None:
     detector = Detector(expected_language=expected, accepted_languages=accepted)
-    detector.feed(text)
+    for delta in split_deltas(text):  # token-sized, as vLLM streams
+        if detector.feed(delta) is not None:
+            break
     found = detector.finish().verdict
     return None if found is None else found.signal
 
@@ -259,3 +262,11 @@ def test_the_header_and_the_metric_say_the_strength(
             f'guard_language_expectation_total{{model="m",source="{source}",strength="{strength}"}}'
         )
         assert f"{line} 1.0" in text
+
+
+def test_a_weak_expectation_lets_an_answer_in_a_named_script_stand() -> None:
+    """ "How do you say … in Japanese?" answered wholly in Japanese (a real GPT-4 answer of
+    FastChat's data, tests/data/detect/README.md) is no script intrusion when Japanese is named."""
+    japanese = _text("detect/sample.jsonl", "fc-ja-gpt-4-67-t0")
+    assert _verdict(japanese, "en", frozenset()) in ("script-intrusion", "language-drift")
+    assert _verdict(japanese, "en", frozenset({"en", "ja"})) is None
