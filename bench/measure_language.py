@@ -131,12 +131,26 @@ def chat(text: str, system: str | None = None) -> dict[str, Any]:
     return {"model": "m", "messages": [*messages, {"role": "user", "content": text}]}
 
 
+class Expected(str):
+    """The expected code, carrying the languages a weak expectation also accepts (versions
+    without expectation strength have none)."""
+
+    accepted: frozenset[str] = frozenset()
+
+
 def expectation(text: str, policy: RewritePolicy = DEFAULT) -> str | None:
-    return rewrite_request(chat(text), "chat", policy).expected_language
+    rw = rewrite_request(chat(text), "chat", policy)
+    if rw.expected_language is None:
+        return None
+    out = Expected(rw.expected_language)
+    out.accepted = getattr(rw.expectation, "accepted", frozenset())
+    return out
 
 
 def verdict(text: str, expected: str | None) -> str | None:
-    detector = Detector(expected_language=expected)
+    accepted = getattr(expected, "accepted", frozenset())
+    kwargs = {"accepted_languages": accepted} if accepted else {}
+    detector = Detector(expected_language=expected, **kwargs)
     for delta in split_deltas(text):
         if detector.feed(delta) is not None:
             break

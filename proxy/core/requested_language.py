@@ -151,8 +151,25 @@ def _lookup(clause: str, words: list[re.Match[str]], i: int, codes: dict[str, st
     code = codes.get(word)
     if code is not None:
         return _Name(start, end, code, _LATIN_CYRILLIC.match(word) is not None)
-    if _UNSPACED.search(word):
+    head = word[0]
+    if "\u0590" <= head <= "\u06ff":  # Hebrew and Arabic write prefixes onto the word
+        for prefix in _PREFIXES:
+            if word.startswith(prefix) and word[len(prefix) :] in codes:
+                return _Name(start + len(prefix), end, codes[word[len(prefix) :]], False)
         return None
+    hangul = "\uac00" <= head <= "\ud7af"
+    if len(word) < (3 if hangul else 6) or _UNSPACED.search(head):
+        return None
+    cyrillic = "\u0400" <= head <= "\u052f"
+    for cut in range(1, 5):
+        stem, tail = word[:-cut], word[-cut:]
+        if len(stem) < (2 if hangul else 5) or stem not in codes:
+            continue
+        if hangul:  # 영어로, 한국어로: the particle is the mark (see _AFTER)
+            return _Name(start, start + len(stem), codes[stem], False)
+        if cyrillic or tail in _LATIN_TAILS:
+            return _Name(start, end, codes[stem], True)
+    return None
     for prefix in _PREFIXES:
         if word.startswith(prefix) and word[len(prefix) :] in codes:
             return _Name(start + len(prefix), end, codes[word[len(prefix) :]], False)

@@ -421,7 +421,9 @@ def expect_language(
         return Expectation(None, "none", "off")
     instructions, last_user = request_texts(body, endpoint)
     found = derive(instructions, last_user)
-    if setting == "off" and found.source == "prompt" and found.code == "en":
+    if setting == "off" and found.reason == "prompt" and found.code == "en":
+        # An English prompt that names no language: nothing to hold the answer to. One that
+        # names languages keeps its weak expectation (English and those languages).
         return Expectation(None, "none", "english")
     return found
 

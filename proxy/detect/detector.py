@@ -35,7 +35,7 @@ from proxy.detect.repetition import (
     repeated_ngram_rate,
 )
 from proxy.detect.salad import WordSalad
-from proxy.detect.script import ScriptIntrusion
+from proxy.detect.script import ScriptIntrusion, scripts_of_language
 from proxy.detect.types import DetectorConfig, Summary, Verdict
 
 _NUMBER = re.compile(r"\d+")
@@ -99,7 +99,11 @@ class Detector:
         self._relax_value: float | None = None
         self._countdown = False
         self._lines = LineLoop()
-        self._script = ScriptIntrusion(cfg, self.expected_language)
+        # A weak expectation that accepts a language of another script ("How do you say thank
+        # you in Hebrew?") lets the answer establish its own script, as with no expectation.
+        own = set(scripts_of_language(self.expected_language))
+        other = any(not own >= set(scripts_of_language(c)) for c in self.accepted_languages)
+        self._script = ScriptIntrusion(cfg, None if other else self.expected_language)
         self._words: deque[str] = deque(maxlen=max(20, cfg.ngram_window_words))
         self._checks = 0
         self._diversity_next = 0

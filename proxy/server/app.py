@@ -141,6 +141,11 @@ def _warm_up(
     if from_prompt:
         # The word-frequency lists that place a short prompt's language (~10 MB in all).
         load_all()
+    # The language-name index and its pattern for unspaced scripts (~50 ms, ~3 MB): read by
+    # every request's derivation, and by the x-guard-language header.
+    from proxy.core.requested_language import find_names
+
+    find_names("用英文回答")
 
 
 def _salad_languages(settings: Settings) -> frozenset[str]:
