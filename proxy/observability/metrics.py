@@ -189,8 +189,7 @@ class Metrics:
                 "guard_language_expectation",
                 "Guarded requests by where the expected answer language came from: the client's "
                 "request (header or instruction), the prompt's language, the configuration, or "
-                "none; and how sure it is (strong: only that language; weak: the prompt's and "
-                "the languages it names; none).",
+                "none; and how sure (strong: that language; weak: the prompt's and those named).",
                 ("model", "source", "strength"),
                 registry=q,
             )
@@ -431,8 +430,7 @@ class Metrics:
         discarded: int,
         trace_id: str | None = None,
     ) -> None:
-        """Once per healed choice (``attempts`` continuations were sent; ``trace_id``: the
-        request's trace, an exemplar)."""
+        """Once per healed choice (``attempts`` continuations; ``trace_id`` as an exemplar)."""
         label = self._model(model)
         if attempts > 0:
             self._heals(label).inc(exemplar={"trace_id": trace_id} if trace_id else None)
@@ -453,11 +451,8 @@ class Metrics:
     def language_expectation(self, model: str, source: str, strength: str = "none") -> None:
         """source in request | prompt | config | none, strength in strong | weak | none
         (:data:`proxy.core.requested_language.SOURCES`, ``STRENGTHS``)."""
-        self._language_expectation(
-            self._model(model),
-            fixed(source, LANGUAGE_SOURCES),
-            fixed(strength, LANGUAGE_STRENGTHS),
-        ).inc()
+        source, strength = fixed(source, LANGUAGE_SOURCES), fixed(strength, LANGUAGE_STRENGTHS)
+        self._language_expectation(self._model(model), source, strength).inc()
 
     # -- infrastructure ----------------------------------------------------------------------
 
