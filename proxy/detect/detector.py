@@ -21,6 +21,7 @@ import re
 from collections import deque
 from typing import Any
 
+from proxy.detect.blocks import BlockLoop
 from proxy.detect.diversity import compression_ratio, distinct_ratio, words_of
 from proxy.detect.drift import LanguageDrift, code_like, source_like
 from proxy.detect.ending import final_drift, final_flood, final_loop
@@ -94,6 +95,7 @@ class Detector:
         self._relax_value: float | None = None
         self._countdown = False
         self._lines = LineLoop()
+        self._blocks = BlockLoop(cfg.block_loop_min_copies, cfg.block_loop_max_novelty)
         self._script = ScriptIntrusion(cfg, self.expected_language)
         self._words: deque[str] = deque(maxlen=max(20, cfg.ngram_window_words))
         self._checks = 0
@@ -296,6 +298,8 @@ class Detector:
             verdict = self._check_repetition()
         if verdict is None and cfg.repetition and cfg.line_loop:
             verdict = self._check_lines(new, final)
+        if verdict is None and cfg.repetition and cfg.block_loop:
+            verdict = self._check_blocks(new, final)
         # A countdown explains its own repetition (and ends by itself): the softer repetition
         # signals stay quiet while one is running.
         if (
@@ -370,6 +374,23 @@ class Detector:
             return None  # a countdown ends by itself (99 Bottles)
         # Copies identical but for their numbers are a loop like any exact one.
         return self._fire("near-repetition" if found[4] else "repetition", copies, onset)
+
+    def _check_blocks(self, new: str, final: bool) -> Verdict | None:
+        cfg = self.config
+        run = self._blocks.update(new, end=self._chars, final=final)
+        if run is None or run.span < cfg.block_loop_min_span_chars:
+            return None
+        start = max(0, run.onset - self._raw_base)
+        region = self._raw[start : start + run.span]
+        if (self._relax() > 1.0 or code_like(region)) and (
+            run.copies < cfg.repetition_min_repeats * cfg.structured_relax
+            or run.novelty > cfg.block_loop_code_max_novelty
+        ):
+            return None  # code and tables repeat their templates: only a copy with nothing new
+        if counts_down(region, round(len(_NUMBER.findall(region)) / run.copies)):
+            return None  # a countdown ends by itself (99 Bottles)
+        signal = "repetition" if run.identical else "block-loop"
+        return self._fire(signal, run.copies, run.onset)
 
     @staticmethod
     def _is_loop(tail: PeriodicTail, text: str, min_repeats: float, min_span: int) -> bool:
