@@ -413,14 +413,17 @@ def main() -> int:
     gen.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     gen.add_argument("--round", default="chat", choices=("chat", "long", "openings", "runaway"))
     sub.add_parser("label")
-    sub.add_parser("measure")
+    meas = sub.add_parser("measure")
+    meas.add_argument("--no-block-loop", action="store_true", help="the detector without it")
     args = ap.parse_args()
     if args.step == "generate":
         generate(args.port, args.threads, args.parallel, args.budget, args.max_tokens, args.round)
     elif args.step == "label":
         label()
     else:
-        measure()
+        from proxy.detect import DetectorConfig
+
+        measure(DetectorConfig(block_loop=not args.no_block_loop))
     return 0
 
 

@@ -49,7 +49,9 @@ SLIP_EVERY = 4
 MIN_BLOCK_WORDS = 12
 #: New words (types never seen in the history) per word of the run a loop may bring: a
 #: templated list names a new thing in every item, a loop recycles its vocabulary.
-MAX_NEW_WORDS = 0.02
+MAX_NEW_WORDS = 0.03
+#: Latest units of a run whose median lag is its period.
+RECENT_LAGS = 8
 #: Restart markers in a run that lower the copies it needs by one.
 RESTART_MARKERS = 2
 
@@ -124,6 +126,7 @@ class BlockLoop:
         self._run_units = self._run_new = self._run_total = self._slips = self._restarts = 0
         self._run_new_words = self._run_words = 0
         self._run_start = 0
+        self._period = 1
 
     def update(self, new: str, *, end: int, final: bool = False) -> BlockRun | None:
         """Take the text of one check (``end``: stream length after it); return the loop the
@@ -171,15 +174,17 @@ class BlockLoop:
         self._starts.append(start)
         if fresh > UNIT_MAX_NOVELTY * total:
             if not self._run_units or (self._slips + 1) * SLIP_EVERY > self._run_units + 1:
-                self._run.clear()
-                self._run_units = self._run_new = self._run_total = 0
-                self._run_new_words = self._run_words = 0
-                self._slips = self._restarts = 0
+                self._reset()
                 return None
             self._slips += 1  # one new unit in a few: an edit inside the loop
+        lag = index - sorted(known)[len(known) // 2] if known else 0
+        if self._run_units >= 2 and lag > 0 and not (
+            self._period <= 3 * lag and lag <= 3 * self._period
+        ):
+            self._reset()  # it comes back from elsewhere: another repeat begins here
         if not self._run_units:
             self._run_start = start
-        lag = index - sorted(known)[len(known) // 2] if known else 0
+            self._period = lag or 1
         self._run_units += 1
         self._run_new += fresh
         self._run_total += total
@@ -189,16 +194,21 @@ class BlockLoop:
         self._run.append((lag, sum(1 for w in words if len(w) > 1)))
         return self._judge(start + len(piece))
 
+    def _reset(self) -> None:
+        self._run.clear()
+        self._run_units = self._run_new = self._run_total = 0
+        self._run_new_words = self._run_words = self._slips = self._restarts = 0
+
     def _judge(self, end: int) -> BlockRun | None:
         novelty = self._run_new / self._run_total
         if novelty > self.max_novelty or self._run_new_words > MAX_NEW_WORDS * self._run_words:
             return None
-        lags = sorted(u[0] for u in self._run if u[0] > 0)
+        # The period is that of the latest units: a run that goes from a short repeat into a
+        # long one has not gone round the long one yet.
+        lags = sorted(u[0] for u in list(self._run)[-RECENT_LAGS:] if u[0] > 0)
         if not lags:
             return None
-        # The upper quartile: units that come back from further away set the period (a run
-        # that mixes a short repeat with a long one has not gone round the long one yet).
-        period = max(1, lags[3 * len(lags) // 4])
+        period = self._period = max(1, lags[len(lags) // 2])
         copies = (self._run_units + period) / period
         need = self.min_copies - (1.0 if self._restarts >= RESTART_MARKERS else 0.0)
         if copies < need or sum(u[1] for u in list(self._run)[-period:]) < MIN_BLOCK_WORDS:
