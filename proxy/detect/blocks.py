@@ -46,7 +46,7 @@ UNIT_MAX_NOVELTY = 0.5
 SLIP_EVERY = 4
 #: Words (two letters or more) one period of the loop must hold: a loop repeats content; a
 #: block of labels and numbers is layout.
-MIN_BLOCK_WORDS = 12
+MIN_BLOCK_WORDS = 8
 #: New words (types never seen in the history) per word of the run a loop may bring: a
 #: templated list names a new thing in every item, a loop recycles its vocabulary.
 MAX_NEW_WORDS = 0.03
@@ -109,7 +109,7 @@ class BlockLoop:
     with at most ``max_novelty`` of its shingles new; the caller applies stricter limits where
     repetition is expected (code, tables, JSON)."""
 
-    def __init__(self, min_copies: float = 3.0, max_novelty: float = 0.25) -> None:
+    def __init__(self, min_copies: float = 4.0, max_novelty: float = 0.25) -> None:
         self.min_copies = min_copies
         self.max_novelty = max_novelty
         self._partial = ""
@@ -191,7 +191,7 @@ class BlockLoop:
         self._run_new_words += new_words
         self._run_words += len(words)
         self._restarts += _RESTART.search(piece) is not None  # only units in a run get here
-        self._run.append((lag, sum(1 for w in words if len(w) > 1)))
+        self._run.append((lag, len(words)))
         return self._judge(start + len(piece))
 
     def _reset(self) -> None:

@@ -54,7 +54,7 @@ class DetectorConfig:
     block_loop: bool = True
     # Copies of its source a run of units with little new content must make (one less when
     # the run holds restart markers such as "Wait, let me think again").
-    block_loop_min_copies: float = 3.0
+    block_loop_min_copies: float = 4.0
     # Share of the run's masked token pairs that may be new to the recent units.
     block_loop_max_novelty: float = 0.25
     # Characters the run and its source must cover.
