@@ -335,6 +335,27 @@ def onset_of(text: str) -> int | None:
     return None
 
 
+#: Onsets marked by hand (the first occurrence of the marker), where the rule finds none or a
+#: late one: id -> (marker, what the loop is).
+HAND: dict[str, tuple[str, str]] = {
+    "blockloop-equation-e08": (
+        "Now, let's verify this answer:",
+        "circular commentary: 'let's verify', 'However, if the equation … is (in)correct', "
+        "'The answer to this question is' in turn, every sentence in new words",
+    ),
+    "blockloop-dp-e07": (
+        "This solution can be improved to avoid",
+        "circular commentary: 'This solution can (also) be improved to use/avoid …' restated "
+        "with edits to the token limit",
+    ),
+    "blockloop-sql-e06": ('"usermanames": {', "nested JSON keys repeated to the limit"),
+    "blockloop-parser-e08": (
+        "expression, expression",
+        "a flood of one word inside a line (the rule reads lines, so it found a late onset)",
+    ),
+}
+
+
 def split_of(key: str) -> str:
     """``held-out`` for about a third of the ids (a hash, fixed before any threshold was set)."""
     return "held-out" if hashlib.sha256(key.encode()).digest()[0] % 3 == 0 else "dev"
@@ -347,6 +368,9 @@ def label() -> None:
     counts: dict[str, int] = {}
     for row in rows:
         onset = onset_of(row["text"])
+        rule = "onset_of (BLOCKLOOPS.md)"
+        if row["id"] in HAND:
+            onset, rule = row["text"].index(HAND[row["id"]][0]), "by hand: " + HAND[row["id"]][1]
         if onset is not None and row["finish_reason"] == "length":
             extra = {"label": "degenerate", "degen_type": "block-loop", "onset_char": onset}
         elif onset is None and row["finish_reason"] == "stop":
@@ -354,7 +378,7 @@ def label() -> None:
         else:
             extra = {"label": "unsure"}
         extra.update(kind="code-math", lang="en", split=split_of(row["id"]))
-        extra["label_rule"] = "onset_of (BLOCKLOOPS.md)"
+        extra["label_rule"] = rule
         counts[extra["label"]] = counts.get(extra["label"], 0) + 1
         buf += (json.dumps({**row, **extra}, ensure_ascii=False) + "\n").encode()
     with gzip.GzipFile(OUT, "wb", mtime=0) as fh:
