@@ -174,7 +174,9 @@ RUNAWAY_SETTINGS: dict[str, dict[str, Any]] = {
 MAX_TOKENS = 2048
 
 
-def _start_llama(port: int, threads: int, parallel: int, max_tokens: int) -> subprocess.Popen[bytes]:
+def _start_llama(
+    port: int, threads: int, parallel: int, max_tokens: int
+) -> subprocess.Popen[bytes]:
     """The end-to-end tests' llama.cpp server, with room for ``parallel`` long answers."""
     argv = [part.replace("{port}", str(port)) for part in _manifest()["llamacpp"]["command"]]
     ctx = parallel * (max_tokens + 512)  # llama.cpp splits its context between the slots
@@ -248,9 +250,7 @@ def generate(
         server.wait(timeout=10)
 
 
-def _generate_one(
-    client: Any, key: str, pid: str, setting: str, max_tokens: int
-) -> dict[str, Any]:
+def _generate_one(client: Any, key: str, pid: str, setting: str, max_tokens: int) -> dict[str, Any]:
     prompt = {**PROMPTS, **LONG_PROMPTS, **OPENINGS}[pid]
     sampling = {**SETTINGS, **LONG_SETTINGS, **OPENING_SETTINGS, **RUNAWAY_SETTINGS}[setting]
     body: dict[str, Any] = {
@@ -307,8 +307,8 @@ def normalise(unit: str) -> str:
 
 
 def onset_of(text: str) -> int | None:
-    """The rule: units are lines, and sentences inside lines; a unit is *contentful* when it holds 3 words of 2+
-    letters; it *recurs* when its normalised form equals that of one of the next K units. The
+    """The rule: units are lines, and sentences inside lines; a unit is *contentful* when it
+    holds 3 words of 2+ letters; it *recurs* when its normalised form equals that of one of the next K units. The
     onset is the first character of the first contentful unit that recurs and opens a window of
     W contentful units of which >= 75 % recur, such that every later window of W contentful
     units keeps >= 50 % recurring to the end of the answer. None: no such unit."""

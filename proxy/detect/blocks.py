@@ -178,8 +178,10 @@ class BlockLoop:
                 return None
             self._slips += 1  # one new unit in a few: an edit inside the loop
         lag = index - sorted(known)[len(known) // 2] if known else 0
-        if self._run_units >= 2 and lag > 0 and not (
-            self._period <= 3 * lag and lag <= 3 * self._period
+        if (
+            self._run_units >= 2
+            and lag > 0
+            and not (self._period <= 3 * lag and lag <= 3 * self._period)
         ):
             self._reset()  # it comes back from elsewhere: another repeat begins here
         if not self._run_units:
