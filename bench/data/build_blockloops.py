@@ -309,9 +309,10 @@ def normalise(unit: str) -> str:
 def onset_of(text: str) -> int | None:
     """The rule: units are lines, and sentences inside lines; a unit is *contentful* when it
     holds 3 words of 2+ letters; it *recurs* when its normalised form equals that of one of the
-    next K units. The onset is the first character of the first contentful unit that recurs and opens a window of
-    W contentful units of which >= 75 % recur, such that every later window of W contentful
-    units keeps >= 50 % recurring to the end of the answer. None: no such unit."""
+    next K units. The onset is the first character of the first contentful unit that recurs
+    and opens a window of W contentful units of which >= 75 % recur, such that every later
+    window of W contentful units keeps >= 50 % recurring to the end of the answer. None: no such
+    unit."""
     units = [
         (m.start(), normalise(m.group()))
         for m in _UNIT.finditer(text)

@@ -81,6 +81,8 @@ class BlockRun:
     onset: int
     span: int
     restarts: int
+    #: Share of the run's words never seen in the history before it.
+    new_words: float
     #: Whether the copies are the same once masked (no new shingle, no new word): an exact
     #: loop, or a counter loop, which the repetition signal names.
     identical: bool
@@ -100,6 +102,15 @@ def shingles(tokens: list[str]) -> set[int]:
     """Hashes of the runs of three adjacent tokens, the unit's edges included."""
     padded = ["^", *tokens, "$"]
     return set(map(hash, zip(padded, padded[1:], padded[2:], strict=False)))
+
+
+def statement_lines(region: str) -> bool:
+    """Whether a third of the region's non-blank lines end as statements and declarations do
+    (``;``, a brace, a bracket, a parenthesis or a comma): SQL, CSS and C declarations that
+    hold few symbols inside their lines, where a template repeats by design."""
+    lines = [ln.rstrip() for ln in region.split("\n") if ln.strip()]
+    ends = sum(1 for ln in lines if ln[-1] in ";{}()[],")
+    return len(lines) >= 4 and 3 * ends >= len(lines)
 
 
 class BlockLoop:
@@ -219,4 +230,5 @@ class BlockLoop:
         first = len(self._starts) - self._run_units - period
         onset = self._starts[first] if first >= 0 else self._run_start
         identical = self._run_new == 0 and self._run_new_words == 0
-        return BlockRun(copies, novelty, onset, end - onset, self._restarts, identical)
+        words = self._run_new_words / max(1, self._run_words)
+        return BlockRun(copies, novelty, onset, end - onset, self._restarts, words, identical)

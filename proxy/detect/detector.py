@@ -21,7 +21,7 @@ import re
 from collections import deque
 from typing import Any
 
-from proxy.detect.blocks import BlockLoop
+from proxy.detect.blocks import BlockLoop, statement_lines
 from proxy.detect.diversity import compression_ratio, distinct_ratio, words_of
 from proxy.detect.drift import LanguageDrift, code_like, source_like
 from proxy.detect.ending import final_drift, final_flood, final_loop
@@ -382,9 +382,10 @@ class Detector:
             return None
         start = max(0, run.onset - self._raw_base)
         region = self._raw[start : start + run.span]
-        if (self._relax() > 1.0 or code_like(region)) and (
+        if (self._relax() > 1.0 or code_like(region) or statement_lines(region)) and (
             run.copies < cfg.repetition_min_repeats * cfg.structured_relax
             or run.novelty > cfg.block_loop_code_max_novelty
+            or run.new_words > 0
         ):
             return None  # code and tables repeat their templates: only a copy with nothing new
         if counts_down(region, round(len(_NUMBER.findall(region)) / run.copies)):
