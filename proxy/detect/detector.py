@@ -383,7 +383,7 @@ class Detector:
         start = max(0, run.onset - self._raw_base)
         region = self._raw[start : start + run.span]
         if (self._relax() > 1.0 or code_like(region) or statement_lines(region)) and (
-            run.copies < cfg.repetition_min_repeats * cfg.structured_relax
+            run.copies < cfg.counter_min_repeats * cfg.structured_relax
             or run.novelty > cfg.block_loop_code_max_novelty
             or run.new_words > 0
         ):

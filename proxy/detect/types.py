@@ -60,8 +60,8 @@ class DetectorConfig:
     # Characters the run and its source must cover.
     block_loop_min_span_chars: int = 300
     # Inside code, tables and JSON (which repeat their templates by design): the share of new
-    # token shingles allowed; the copies needed are an exact loop's there
-    # (repetition_min_repeats x structured_relax).
+    # token shingles allowed (and no new word); the copies needed are a counter loop's there
+    # (counter_min_repeats x structured_relax).
     block_loop_code_max_novelty: float = 0.05
 
     # Near-repetition signal on/off: repeated word-4-gram rate plus compression.

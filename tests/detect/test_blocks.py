@@ -50,7 +50,7 @@ def test_templated_counter_code_with_growing_expression_fires() -> None:
     blocks = "".join(
         f"sum_B_{k} = [0] * (N + 1)\nfor i in range(N):\n"
         f"    sum_B_{k}[i + 1] = sum_B_{k}[i] + {' * '.join(['B'] * k)}\n\n"
-        for k in range(2, 12)
+        for k in range(2, 17)
     )
     text = "Here is the code, one prefix-sum array per power:\n\n" + blocks
     assert stream(text, WITHOUT).verdict is None
