@@ -126,10 +126,10 @@ class BlockLoop:
         self._partial = ""
         self._partial_start = 0
         self._index = 0
-        # shingle hash or word -> index of the last unit that held it, for the recent units
+        # shingle or word hash -> index of the last unit that held it, for the recent units
         # and the generation before them
-        self._recent: dict[int | str, int] = {}
-        self._older: dict[int | str, int] = {}
+        self._recent: dict[int, int] = {}
+        self._older: dict[int, int] = {}
         # start offsets of the recent units
         self._starts: deque[int] = deque(maxlen=HISTORY_UNITS + 1)
         # the current run: its recent units' (lag, words), and totals over all of it
@@ -177,9 +177,10 @@ class BlockLoop:
         known += [i for g in grams if g not in recent and (i := older.get(g)) is not None]
         total = len(grams)
         fresh = total - len(known)
-        new_words = sum(1 for w in words if w not in recent and w not in older)
+        keys = {hash((w,)) for w in words}  # a word is a shingle of one: the vocabulary
+        new_words = sum(1 for k in keys if k not in recent and k not in older)
         recent.update(dict.fromkeys(grams, index))
-        recent.update(dict.fromkeys(words, index))  # a word is a shingle of one: vocabulary
+        recent.update(dict.fromkeys(keys, index))
         if index % (HISTORY_UNITS // 2) == 0:
             self._older, self._recent = recent, {}
         self._starts.append(start)
