@@ -59,7 +59,9 @@ def test_templated_counter_code_with_growing_expression_fires() -> None:
 
 
 def test_reasoning_that_restarts_the_same_steps_fires() -> None:
-    """A restart marker, then the same steps in other words; three rounds."""
+    """A restart marker, then the same steps again, four times: the markers let the run fire
+    one copy sooner (written for this test after the shape of real restarted reasoning; the
+    block-loop set has no reasoning model)."""
     rounds = [
         "Wait, this is getting confusing. Let me think again. ",
         "Hmm, let me re-examine this. ",
@@ -72,8 +74,9 @@ def test_reasoning_that_restarts_the_same_steps_fires() -> None:
         "So it needs 60 divided by 20, that is 3 hours, to catch up with the first train. "
     )
     text = ENGLISH[:300] + "\n\n" + "\n\n".join(r + steps for r in rounds)
+    assert stream(text, WITHOUT).verdict is None
     verdict = stream(text, STREAMING).verdict
-    assert verdict is not None
+    assert verdict is not None and verdict.signal == "block-loop"
 
 
 def test_a_reasoning_that_rechecks_once_passes() -> None:
