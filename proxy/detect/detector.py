@@ -21,6 +21,7 @@ import re
 from collections import deque
 from typing import Any
 
+from proxy.detect.blocks import BlockLoop, statement_lines
 from proxy.detect.diversity import compression_ratio, distinct_ratio, words_of
 from proxy.detect.drift import LanguageDrift, code_like, source_like, with_close_languages
 from proxy.detect.ending import final_drift, final_flood, final_loop
@@ -30,6 +31,8 @@ from proxy.detect.lines import LineLoop
 from proxy.detect.repetition import (
     PeriodicTail,
     counts_down,
+    is_loop,
+    loop_kind,
     normalise_numbers,
     periodic_tail,
     repeated_ngram_rate,
@@ -99,6 +102,7 @@ class Detector:
         self._relax_value: float | None = None
         self._countdown = False
         self._lines = LineLoop()
+        self._blocks = BlockLoop(cfg.block_loop_min_copies, cfg.block_loop_max_novelty)
         # A weak expectation that accepts a language of another script ("How do you say thank
         # you in Hebrew?") lets the answer establish its own script, as with no expectation.
         own = set(scripts_of_language(self.expected_language))
@@ -310,6 +314,8 @@ class Detector:
             verdict = self._check_repetition()
         if verdict is None and cfg.repetition and cfg.line_loop:
             verdict = self._check_lines(new, final)
+        if verdict is None and cfg.repetition and cfg.block_loop:
+            verdict = self._check_blocks(new, final)
         # A countdown explains its own repetition (and ends by itself): the softer repetition
         # signals stay quiet while one is running.
         if (
@@ -345,25 +351,23 @@ class Detector:
         if exact is not None:
             self._note_repetition(exact)
             need, span = cfg.repetition_min_repeats, cfg.repetition_min_span_chars
-            if self._is_loop(exact, window, need, span) and self._is_loop(
+            if is_loop(exact, window, need, span) and is_loop(
                 exact, window, need * self._relax(), span
             ):
-                return self._fire(
-                    self._loop_kind(exact, window), exact.repeats, self._chars - exact.span
-                )
+                return self._fire(loop_kind(exact, window), exact.repeats, self._chars - exact.span)
         norm = self._norm[-cfg.window_chars :]
         counter = periodic_tail(norm)
         if counter is not None:
             self._note_repetition(counter)
             need, span = cfg.counter_min_repeats, cfg.counter_min_span_chars
-            if self._is_loop(counter, norm, need, span) and self._is_loop(
+            if is_loop(counter, norm, need, span) and is_loop(
                 counter, norm, need * self._relax(), span
             ):
                 onset = self._norm_to_raw(self._norm_total - counter.span)
                 slots = norm[len(norm) - counter.period :].count("0")
                 self._countdown = counts_down(self._raw[max(0, onset - self._raw_base) :], slots)
                 if not self._countdown:
-                    return self._fire(self._loop_kind(counter, norm), counter.repeats, onset)
+                    return self._fire(loop_kind(counter, norm), counter.repeats, onset)
                 return None
         self._countdown = False
         return None
@@ -385,27 +389,23 @@ class Detector:
         # Copies identical but for their numbers are a loop like any exact one.
         return self._fire("near-repetition" if found[4] else "repetition", copies, onset)
 
-    @staticmethod
-    def _is_loop(tail: PeriodicTail, text: str, min_repeats: float, min_span: int) -> bool:
-        """Enough copies covering enough text: ``repeats >= min_repeats`` and a loop "mass"
-        (span x repeats) of at least ``min_span x 4``, so a short tail needs many copies and a
-        long unit needs few; never under half of ``min_span``. A unit with no letter or digit
-        (rules of dashes, runs of blank lines) must cover twice ``min_span``, as Markdown and
-        plain-text layout legitimately draw lines of one character, unless it is several
-        characters long and recurs four times as often as a loop must."""
-        if tail.repeats < min_repeats:
-            return False
-        unit = text[len(text) - tail.period :]
-        if not any(ch.isalnum() for ch in unit):
-            if tail.period >= 3 and tail.repeats >= 4 * min_repeats:
-                return tail.span >= min_span  # a multi-character unit, not a drawn line
-            return tail.span >= 2 * min_span
-        return tail.span >= min_span / 2 and tail.mass >= 4 * min_span
-
-    @staticmethod
-    def _loop_kind(tail: PeriodicTail, text: str) -> str:
-        unit = text[len(text) - tail.period :]
-        return "token-flood" if len(unit.split()) <= 1 else "repetition"
+    def _check_blocks(self, new: str, final: bool) -> Verdict | None:
+        cfg = self.config
+        run = self._blocks.update(new, end=self._chars, final=final)
+        if run is None or run.span < cfg.block_loop_min_span_chars:
+            return None
+        start = max(0, run.onset - self._raw_base)
+        region = self._raw[start : start + run.span]
+        if (self._relax() > 1.0 or code_like(region) or statement_lines(region)) and (
+            run.copies < cfg.counter_min_repeats * cfg.structured_relax
+            or run.novelty > cfg.block_loop_code_max_novelty
+            or run.new_words > 0
+        ):
+            return None  # code and tables repeat their templates: only a copy with nothing new
+        if counts_down(region, round(len(_NUMBER.findall(region)) / run.copies)):
+            return None  # a countdown ends by itself (99 Bottles)
+        signal = "repetition" if run.identical else "block-loop"
+        return self._fire(signal, run.copies, run.onset)
 
     def _note_repetition(self, tail: PeriodicTail) -> None:
         if tail.span >= 64:

@@ -124,3 +124,26 @@ def counts_down(region: str, slots: int) -> bool:
     numbers = [int(n[-9:]) for n in _NUMBER.findall(region)]
     steps = [b - a for a, b in zip(numbers, numbers[slots:], strict=False)]
     return bool(steps) and all(d <= 0 for d in steps) and any(d < 0 for d in steps)
+
+
+def is_loop(tail: PeriodicTail, text: str, min_repeats: float, min_span: int) -> bool:
+    """Enough copies covering enough text: ``repeats >= min_repeats`` and a loop "mass"
+    (span x repeats) of at least ``min_span x 4``, so a short tail needs many copies and a
+    long unit needs few; never under half of ``min_span``. A unit with no letter or digit
+    (rules of dashes, runs of blank lines) must cover twice ``min_span``, as Markdown and
+    plain-text layout legitimately draw lines of one character, unless it is several
+    characters long and recurs four times as often as a loop must."""
+    if tail.repeats < min_repeats:
+        return False
+    unit = text[len(text) - tail.period :]
+    if not any(ch.isalnum() for ch in unit):
+        if tail.period >= 3 and tail.repeats >= 4 * min_repeats:
+            return tail.span >= min_span  # a multi-character unit, not a drawn line
+        return tail.span >= 2 * min_span
+    return tail.span >= min_span / 2 and tail.mass >= 4 * min_span
+
+
+def loop_kind(tail: PeriodicTail, text: str) -> str:
+    """A one-word unit is a flood (``the the the``), a longer one a repeated passage."""
+    unit = text[len(text) - tail.period :]
+    return "token-flood" if len(unit.split()) <= 1 else "repetition"

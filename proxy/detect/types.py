@@ -47,6 +47,23 @@ class DetectorConfig:
     # Characters such a loop must cover.
     line_loop_min_span_chars: int = 240
 
+    # Block-loop signal on/off (with repetition): units (lines, sentences) that keep recycling
+    # what the last few dozen units said, in other words or with growing numbers and
+    # expressions: templated code, circular commentary, restarted reasoning
+    # (proxy/detect/blocks.py).
+    block_loop: bool = True
+    # Copies of its source a run of units with little new content must make (one less when
+    # the run holds restart markers such as "Wait, let me think again").
+    block_loop_min_copies: float = 4.0
+    # Share of the run's masked token pairs that may be new to the recent units.
+    block_loop_max_novelty: float = 0.25
+    # Characters the run and its source must cover.
+    block_loop_min_span_chars: int = 300
+    # Inside code, tables and JSON (which repeat their templates by design): the share of new
+    # token shingles allowed (and no new word); the copies needed are a counter loop's there
+    # (counter_min_repeats x structured_relax).
+    block_loop_code_max_novelty: float = 0.05
+
     # Near-repetition signal on/off: repeated word-4-gram rate plus compression.
     ngram: bool = True
     # Recent words the n-gram and diversity signals look at.
@@ -175,6 +192,7 @@ SIGNALS: tuple[str, ...] = (
     "entropy-collapse",
     "salad",
     "gibberish",
+    "block-loop",
 )
 
 

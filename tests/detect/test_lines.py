@@ -32,13 +32,14 @@ def test_one_word_edits_are_similar_and_templates_are_not() -> None:
 
 def test_a_dialogue_repeated_four_times_with_an_edited_first_copy_fires() -> None:
     text = ENGLISH[:299] + "\n" + FIRST + EXCHANGE * 3
-    exact_only = DetectorConfig(line_loop=False, end_judgement=False)
+    exact_only = DetectorConfig(line_loop=False, block_loop=False, end_judgement=False)
     assert stream(text, exact_only).verdict is None
-    verdict = stream(text, DetectorConfig(end_judgement=False)).verdict
+    lines_only = DetectorConfig(block_loop=False, end_judgement=False)
+    verdict = stream(text, lines_only).verdict
     assert verdict is not None and verdict.signal == "near-repetition"
     assert verdict.onset_char == 300
     # While streaming: a fifth copy is not needed to see the loop.
-    longer = stream(text + EXCHANGE * 2, DetectorConfig(end_judgement=False)).verdict
+    longer = stream(text + EXCHANGE * 2, lines_only).verdict
     assert longer is not None and longer.fired_at_char <= len(text) + 128  # the next check
 
 

@@ -1,0 +1,235 @@
+"""Block loops: text that keeps coming back to what it already said, in other words.
+
+The exact and near-identical loop signals need copies that are the same but for a number or a
+word. Real loops often change more: templated code whose index and expression grow with every
+block (``sum_B_2 = [0] * N`` … ``sum_B_3[i] = B * B * B``), comment lines that restate the same
+doubt in new words, reasoning that restarts ("Wait, let me think again") and walks the same
+steps, a paragraph repeated with edits. What such text has in common is that it stops bringing
+*new content*: the pieces it is made of were all written a few lines ago.
+
+So the text is cut into units (lines, and sentences inside long lines), each unit is reduced to
+*masked* tokens — case folded, every digit run ``0`` (numbers and the numeric suffixes of
+identifiers), a run of one operator with its operands (``B * B * B``) or of one token collapsed
+to one step — and to the set of its token shingles (pairs of adjacent tokens). A unit's
+*novelty* is the share of its shingles not seen in the last :data:`HISTORY_UNITS` units. A loop
+is a *sustained* run of units with little novelty (at most a quarter of the run's shingles new,
+no unit in it mostly new but a slip every few units) that has gone round its source at least
+``min_copies`` times: each unit's *lag* is how many units back its shingles were last seen (one
+period of the loop), and a run of ``r`` units at median lag ``p`` covers ``(r + p) / p`` copies.
+A healthy answer that restates a block once (a corrected version of a function, a summary, a
+re-check of a step) makes two copies, not three; tables, enum arms and test cases bring a new
+name, string or word on every line, and lines without words (rows of numbers) never count.
+
+Restart markers ("Wait,", "Let me re-examine", "this is getting confusing") are counted in the
+run: a reasoning that restarts and walks the same steps again makes no progress, so a run
+holding :data:`RESTART_MARKERS` of them needs one copy less.
+
+Incremental: :meth:`BlockLoop.update` takes the text of one check; each completed unit costs a
+regular expression and a few set and dict operations, and memory is bounded by the history.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass
+
+#: Units whose shingles make the history a new unit is compared with.
+HISTORY_UNITS = 32
+#: A unit longer than this (characters) is cut: memory stays bounded on text with no breaks.
+MAX_UNIT_CHARS = 2048
+#: Tokens of a unit that count (a long unit is told by its first ones).
+MAX_TOKENS = 40
+#: A unit whose share of new shingles exceeds this is a new unit (it breaks the run, unless it
+#: is a slip: at most one unit in :data:`SLIP_EVERY` of the run).
+UNIT_MAX_NOVELTY = 0.5
+SLIP_EVERY = 4
+#: Words (two letters or more) one period of the loop must hold: a loop repeats content; a
+#: block of labels and numbers is layout.
+MIN_BLOCK_WORDS = 8
+#: New words (types never seen in the history) per word of the run a loop may bring: a
+#: templated list names a new thing in every item, a loop recycles its vocabulary.
+MAX_NEW_WORDS = 0.03
+#: Latest units of a run whose median lag is its period.
+RECENT_LAGS = 8
+#: Restart markers in a run that lower the copies it needs by one.
+RESTART_MARKERS = 2
+
+# A unit ends at a line break, or after a sentence end followed by space.
+_SPLIT = re.compile(r"\n|(?<=[.!?。！？])\s+")
+_DIGITS = re.compile(r"\d+")
+_TOKEN = re.compile(r"\w+")
+# One operand and operator repeated (``b * b * b``): keep one step and the last operand.
+_OPERATOR_RUN = re.compile(r"(\b(\w+)\s*([-+*/%^&|]{1,2})\s*)(?:\2\s*\3\s*)+(?=\2\b)")
+_RESTART = re.compile(
+    r"\b(?:wait\b|hmm+\b|let me (?:think (?:again|about this again)|re-?(?:check|examine|"
+    r"evaluate|consider|calculate|compute|think|do|read|visit)|start (?:over|again)|try again|"
+    r"go back)|let's (?:re-?(?:check|examine|think|consider)|start over|try again|go back)|"
+    r"i (?:think i )?made a mistake|(?:this|that) is getting (?:confusing|complicated)|"
+    r"on second thought|start over|going in circles)",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRun:
+    """A run of units with little new content: copies of its source, share of new shingles,
+    where its first copy began, characters covered, restart markers in it."""
+
+    copies: float
+    novelty: float
+    onset: int
+    span: int
+    restarts: int
+    #: Share of the run's words never seen in the history before it.
+    new_words: float
+    #: Whether the copies are the same once masked (no new shingle, no new word): an exact
+    #: loop, or a counter loop, which the repetition signal names.
+    identical: bool
+
+
+def masked_tokens(unit: str) -> list[str]:
+    """The unit's first tokens, case folded, digit runs masked, and a run of one operand and
+    operator collapsed (``b * b * b * b`` -> ``b * b``): a growing expression is the same step
+    written more times."""
+    text = _DIGITS.sub("0", unit[: 4 * MAX_TOKENS].lower())
+    if any(text.count(op) > 1 for op in "*+-/|&^%"):
+        text = _OPERATOR_RUN.sub(r"\1", text)
+    return _TOKEN.findall(text)[:MAX_TOKENS]
+
+
+def shingles(tokens: list[str]) -> set[int]:
+    """Hashes of the runs of three adjacent tokens, the unit's edges included."""
+    padded = ["^", *tokens, "$"]
+    return set(map(hash, zip(padded, padded[1:], padded[2:], strict=False)))
+
+
+def statement_lines(region: str) -> bool:
+    """Whether a third of the region's non-blank lines end as statements and declarations do
+    (``;``, a brace, a bracket, a parenthesis or a comma): SQL, CSS and C declarations that
+    hold few symbols inside their lines, where a template repeats by design."""
+    lines = [ln.rstrip() for ln in region.split("\n") if ln.strip()]
+    ends = sum(1 for ln in lines if ln[-1] in ";{}()[],")
+    return len(lines) >= 4 and 3 * ends >= len(lines)
+
+
+class BlockLoop:
+    """Block-loop state of one stream (see the module docstring).
+
+    ``update`` reports the run the latest unit belongs to once it holds ``min_copies`` copies
+    with at most ``max_novelty`` of its shingles new; the caller applies stricter limits where
+    repetition is expected (code, tables, JSON)."""
+
+    def __init__(self, min_copies: float = 4.0, max_novelty: float = 0.25) -> None:
+        self.min_copies = min_copies
+        self.max_novelty = max_novelty
+        self._partial = ""
+        self._partial_start = 0
+        self._index = 0
+        # shingle or word hash -> index of the last unit that held it, for the recent units
+        # and the generation before them
+        self._recent: dict[int, int] = {}
+        self._older: dict[int, int] = {}
+        # start offsets of the recent units
+        self._starts: deque[int] = deque(maxlen=HISTORY_UNITS + 1)
+        # the current run: its recent units' (lag, words), and totals over all of it
+        self._run: deque[tuple[int, int]] = deque(maxlen=HISTORY_UNITS)
+        self._run_units = self._run_new = self._run_total = self._slips = self._restarts = 0
+        self._run_new_words = self._run_words = 0
+        self._run_start = 0
+        self._period = 1
+
+    def update(self, new: str, *, end: int, final: bool = False) -> BlockRun | None:
+        """Take the text of one check (``end``: stream length after it); return the loop the
+        latest units make, if any."""
+        if not self._partial:
+            self._partial_start = end - len(new)
+        text = self._partial + new
+        base = self._partial_start
+        found: BlockRun | None = None
+        begin = 0
+        # The carried partial unit holds no break: only the new text is searched (a space
+        # that follows a sentence end still sees it).
+        for match in _SPLIT.finditer(text, len(self._partial)):
+            found = self._add(text[begin : match.start()], base + begin) or found
+            begin = match.end()
+        if final or len(text) - begin > MAX_UNIT_CHARS:
+            found = self._add(text[begin:], base + begin) or found
+            begin = len(text)
+        self._partial = text[begin:]
+        self._partial_start = base + begin
+        return found
+
+    def _add(self, piece: str, start: int) -> BlockRun | None:
+        if len(piece) < 4:
+            return None  # too short to hold content (a brace, a bullet, a list number)
+        tokens = masked_tokens(piece)
+        words = {t for t in tokens if not t.isdigit()}  # numbers are masked to 0
+        if not words:
+            return None  # a row of numbers and signs: neither content nor a break
+        grams = shingles(tokens)
+        index = self._index
+        self._index += 1
+        # The history is two generations of HISTORY_UNITS / 2 units each: memory stays bounded
+        # without evicting entries one by one.
+        recent, older = self._recent, self._older
+        known = [i for i in map(recent.get, grams) if i is not None]
+        known += [i for g in grams if g not in recent and (i := older.get(g)) is not None]
+        total = len(grams)
+        fresh = total - len(known)
+        keys = {hash((w,)) for w in words}  # a word is a shingle of one: the vocabulary
+        new_words = sum(1 for k in keys if k not in recent and k not in older)
+        recent.update(dict.fromkeys(grams, index))
+        recent.update(dict.fromkeys(keys, index))
+        if index % (HISTORY_UNITS // 2) == 0:
+            self._older, self._recent = recent, {}
+        self._starts.append(start)
+        if fresh > UNIT_MAX_NOVELTY * total:
+            if not self._run_units or (self._slips + 1) * SLIP_EVERY > self._run_units + 1:
+                self._reset()
+                return None
+            self._slips += 1  # one new unit in a few: an edit inside the loop
+        lag = index - sorted(known)[len(known) // 2] if known else 0
+        if (
+            self._run_units >= 2
+            and lag > 0
+            and not (self._period <= 3 * lag and lag <= 3 * self._period)
+        ):
+            self._reset()  # it comes back from elsewhere: another repeat begins here
+        if not self._run_units:
+            self._run_start = start
+            self._period = lag or 1
+        self._run_units += 1
+        self._run_new += fresh
+        self._run_total += total
+        self._run_new_words += new_words
+        self._run_words += len(words)
+        self._restarts += _RESTART.search(piece) is not None  # only units in a run get here
+        self._run.append((lag, len(words)))
+        return self._judge(start + len(piece))
+
+    def _reset(self) -> None:
+        self._run.clear()
+        self._run_units = self._run_new = self._run_total = 0
+        self._run_new_words = self._run_words = self._slips = self._restarts = 0
+
+    def _judge(self, end: int) -> BlockRun | None:
+        novelty = self._run_new / self._run_total
+        if novelty > self.max_novelty or self._run_new_words > MAX_NEW_WORDS * self._run_words:
+            return None
+        # The period is that of the latest units: a run that goes from a short repeat into a
+        # long one has not gone round the long one yet.
+        lags = sorted(u[0] for u in list(self._run)[-RECENT_LAGS:] if u[0] > 0)
+        if not lags:
+            return None
+        period = self._period = max(1, lags[len(lags) // 2])
+        copies = (self._run_units + period) / period
+        need = self.min_copies - (1.0 if self._restarts >= RESTART_MARKERS else 0.0)
+        if copies < need or sum(u[1] for u in list(self._run)[-period:]) < MIN_BLOCK_WORDS:
+            return None
+        # The loop began with its first copy, one period before the run.
+        first = len(self._starts) - self._run_units - period
+        onset = self._starts[first] if first >= 0 else self._run_start
+        identical = self._run_new == 0 and self._run_new_words == 0
+        words = self._run_new_words / max(1, self._run_words)
+        return BlockRun(copies, novelty, onset, end - onset, self._restarts, words, identical)

@@ -1,0 +1,139 @@
+"""The block-loop signal: loops that change their words are caught; templated healthy text is not.
+
+Real texts under ``tests/data/detect/blocks/`` (sources in its README): a SmolLM2-135M-Instruct
+answer from the block-loop set that goes round in circles about its own function
+(``circular_commentary.txt``), a healthy answer of the same model that re-checks its results
+(``triangle_recheck.txt``), and healthy templated source: CPython's ``opcode.py`` table of
+``def_op`` lines and a ``ctypes`` test module whose test methods repeat one body (PSF licence),
+PostgreSQL's ``btree_gist`` extension script that declares the same three objects for
+``gbtreekey4``, ``8``, ``16`` … (PostgreSQL licence).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from proxy.detect import DetectorConfig
+from proxy.detect.blocks import BlockLoop, masked_tokens
+from tests.detect.conftest import stream
+from tests.detect.texts import ENGLISH
+
+DATA = Path(__file__).parents[1] / "data" / "detect" / "blocks"
+STREAMING = DetectorConfig(end_judgement=False)
+WITHOUT = DetectorConfig(end_judgement=False, block_loop=False)
+
+
+def test_masking_makes_growing_counters_and_expressions_one_template() -> None:
+    assert masked_tokens("sum_B_32[i] = B * B * B * B * B") == masked_tokens(
+        "sum_B_3[i] = B * B * B"
+    )
+    assert masked_tokens("count7 += 1") == masked_tokens("count12 += 1")
+    assert masked_tokens("total = a + b") != masked_tokens("total = a + c")
+
+
+def test_circular_commentary_is_caught_early() -> None:
+    """The answer restates what its function does, in shifting words, from char 2,676 on (the
+    onset rule of the set); the exact-repetition signals need ~860 characters more."""
+    text = (DATA / "circular_commentary.txt").read_text()
+    assert stream(text, WITHOUT).verdict is None
+    verdict = stream(text, STREAMING).verdict
+    assert verdict is not None and verdict.signal == "block-loop"
+    assert verdict.fired_at_char - 2676 <= 600
+
+
+def test_templated_counter_code_with_growing_expression_fires() -> None:
+    """The shape of the issue's example: one block per power, index and expression growing, so
+    no two blocks are the same once numbers are normalised (the counter-loop check misses)."""
+    blocks = "".join(
+        f"sum_B_{k} = [0] * (N + 1)\nfor i in range(N):\n"
+        f"    sum_B_{k}[i + 1] = sum_B_{k}[i] + {' * '.join(['B'] * k)}\n\n"
+        for k in range(2, 17)
+    )
+    text = "Here is the code, one prefix-sum array per power:\n\n" + blocks
+    assert stream(text, WITHOUT).verdict is None
+    verdict = stream(text, STREAMING).verdict
+    assert verdict is not None and verdict.signal in ("block-loop", "repetition")
+
+
+def test_reasoning_that_restarts_the_same_steps_fires() -> None:
+    """A restart marker, then the same steps again, four times: the markers let the run fire
+    one copy sooner (written for this test after the shape of real restarted reasoning; the
+    block-loop set has no reasoning model)."""
+    rounds = [
+        "Wait, this is getting confusing. Let me think again. ",
+        "Hmm, let me re-examine this. ",
+        "Wait, let me start over. ",
+        "Let me re-check. ",
+    ]
+    steps = (
+        "The train leaves at 3 pm at 60 km/h, so at 4 pm it is 60 km ahead of the second one. "
+        "The second train gains 20 km every hour on the first one. "
+        "So it needs 60 divided by 20, that is 3 hours, to catch up with the first train. "
+    )
+    text = ENGLISH[:300] + "\n\n" + "\n\n".join(r + steps for r in rounds)
+    assert stream(text, WITHOUT).verdict is None
+    verdict = stream(text, STREAMING).verdict
+    assert verdict is not None and verdict.signal == "block-loop"
+
+
+def test_a_reasoning_that_rechecks_once_passes() -> None:
+    steps = (
+        "The second train gains 20 km every hour on the first one, which is 60 km ahead. "
+        "So it needs 3 hours to catch up, at 7 pm. "
+    )
+    text = ENGLISH + "\n\n" + steps + "\n\nWait, let me check that again. " + steps + "\n\n"
+    text += ENGLISH.replace("results", "figures")
+    assert stream(text).verdict is None
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "opcode_def_op.py.txt",
+        "ctypes_test_prototypes.py.txt",
+        "btree_gist_types.sql.txt",
+        "triangle_recheck.txt",
+    ],
+)
+def test_templated_healthy_text_passes(name: str) -> None:
+    text = (DATA / name).read_text()
+    assert stream(text).verdict is None
+    assert stream(f"Here it is:\n\n```\n{text}\n```\n").verdict is None
+
+
+def test_a_table_and_enum_arms_pass() -> None:
+    rows = "".join(
+        f"| {name} | {code} | {mass} |\n"
+        for name, code, mass in [
+            ("Alanine", "Ala", "89.09"), ("Arginine", "Arg", "174.20"),
+            ("Asparagine", "Asn", "132.12"), ("Aspartic acid", "Asp", "133.10"),
+            ("Cysteine", "Cys", "121.16"), ("Glutamine", "Gln", "146.15"),
+            ("Glutamic acid", "Glu", "147.13"), ("Glycine", "Gly", "75.07"),
+        ]
+    )  # fmt: skip
+    table = "| name | code | mass |\n|---|---|---|\n" + rows
+    assert stream(ENGLISH + "\n\n" + table + "\n" + ENGLISH).verdict is None
+    arms = "".join(
+        f"        case {i}:\n            // {name} has {days} days\n            days = {days};\n"
+        "            break;\n"
+        for i, (name, days) in enumerate(
+            [("January", 31), ("February", 28), ("March", 31), ("April", 30), ("May", 31),
+             ("June", 30), ("July", 31), ("August", 31), ("September", 30)], start=1
+        )
+    )  # fmt: skip
+    assert stream("```java\nswitch (month) {\n" + arms + "}\n```\n").verdict is None
+
+
+def test_memory_stays_bounded_on_a_long_varied_stream() -> None:
+    rng = random.Random(30)
+    loop = BlockLoop()
+    end = 0
+    for _ in range(3000):
+        words = ["".join(rng.choice("abcdefghij") for _ in range(6)) for _ in range(12)]
+        line = " ".join(words) + ".\n"
+        end += len(line)
+        assert loop.update(line, end=end) is None
+    assert len(loop._recent) + len(loop._older) < 40 * 32  # two generations of the history
