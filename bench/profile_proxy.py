@@ -67,15 +67,10 @@ async def wait_up(port: int, path: bytes) -> None:
     raise SystemExit(f"nothing answers on port {port}")
 
 
-async def main_async(args: argparse.Namespace) -> None:
+async def main_async(args: argparse.Namespace, fake: subprocess.Popen[bytes]) -> None:
     import uvicorn
 
-    up_port, port = free_port(), free_port()
-    fake = subprocess.Popen(
-        [sys.executable, str(KIT / "fake_upstream.py"), "--port", str(up_port),
-         "--delay-ms", str(args.delay_ms), "--text-file", str(args.text)],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+    up_port, port = args.up_port, free_port()
     os.environ["GUARD_UPSTREAM_URL"] = f"http://127.0.0.1:{up_port}"
     os.environ.setdefault("GUARD_UPSTREAM_METRICS_INTERVAL", "0")
     from proxy.cli.serve import create_served_app
@@ -138,7 +133,13 @@ def main() -> None:
     args = ap.parse_args()
     import uvloop
 
-    uvloop.run(main_async(args))
+    args.up_port = free_port()
+    fake = subprocess.Popen(
+        [sys.executable, str(KIT / "fake_upstream.py"), "--port", str(args.up_port),
+         "--delay-ms", str(args.delay_ms), "--text-file", str(args.text)],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    uvloop.run(main_async(args, fake))
 
 
 if __name__ == "__main__":
