@@ -52,7 +52,7 @@ def free_port() -> int:
 
 
 async def wait_up(port: int, path: bytes) -> None:
-    for _ in range(600):
+    for _ in range(36000):  # an hour: under valgrind on a busy machine start-up is slow
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"GET " + path + b" HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
