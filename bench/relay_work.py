@@ -88,9 +88,15 @@ def run_once(
     metrics: Metrics,
     *,
     usage: bool = True,
+    per_read: int = 1,
 ) -> int:
-    """Build, feed, end and record one guard per stream; the bytes the clients got."""
+    """Build, feed, end and record one guard per stream; the bytes the clients got.
+    ``per_read`` events go in one upstream read (the engine ran ahead of the relay)."""
     policy = policy_for(surface, usage=usage)
+    if per_read > 1:
+        streams = [
+            [b"".join(e[i : i + per_read]) for i in range(0, len(e), per_read)] for e in streams
+        ]
     guards = [StreamGuard(policy, make) for _ in streams]
     sent = 0
     for step in range(max(map(len, streams))):
@@ -127,6 +133,7 @@ def main() -> None:
     ap.add_argument("--surface", choices=[*SURFACES, "all"], default="all")
     ap.add_argument("--detector", choices=["null", "real"], default="real")
     ap.add_argument("--no-usage", action="store_true", help="chat/completions without usage")
+    ap.add_argument("--per-read", type=int, default=1, help="events per upstream read")
     ap.add_argument("--corpus", type=Path, default=ROOT / "tests" / "data" / "corpus.jsonl")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--callgrind", action="store_true", help="count only the work (see above)")
@@ -153,7 +160,7 @@ def main() -> None:
         for surface, streams in work.items():
             if prof is not None:
                 prof.enable()
-            run_once(surface, streams, make, metrics, usage=usage)
+            run_once(surface, streams, make, metrics, usage=usage, per_read=args.per_read)
             if prof is not None:
                 prof.disable()
     cpu = time.process_time() - t0
