@@ -191,7 +191,8 @@ def _as_vllm_032(events: list[bytes], chat: bool) -> list[bytes]:
 
 def _run(events: list[bytes], fast: bool, **policy: Any) -> tuple[bytes, StreamGuard]:
     g = StreamGuard(GuardPolicy.create(**policy), Detector)
-    g._fast = g._fast and fast
+    if not fast:
+        g._quick = None
     out = b"".join(g.feed(e) for e in events) + g.eof()
     return out, g
 

@@ -47,7 +47,11 @@ class Piece:
 _STR = rb'"[\x20\x21\x23-\x5b\x5d-\x7e]*"'
 _INT = rb"(?:0|[1-9][0-9]{0,17})"
 _TEXT = rb'"([^"\\\x00-\x1f]*(?:\\.[^"\\\x00-\x1f]*)*)"'
-_FAST_CHUNK = re.compile(
+#: The pieces of those patterns, for the surfaces' own byte-level paths: a JSON string of printable
+#: ASCII without escapes, a JSON integer ``orjson`` reads as the same int, a JSON string whose body
+#: is captured (escapes allowed, no control characters, so no line end).
+JSON_STR, JSON_INT, JSON_TEXT = _STR, _INT, _TEXT
+_FAST_RE = re.compile(
     rb"data: \{(?:\"(?:id|object|model|system_fingerprint)\":"
     + _STR
     + rb",|\"created\":"
@@ -67,7 +71,12 @@ _FAST_CHUNK = re.compile(
     + _INT
     + rb')((?:,"(?:prompt_tokens_details|completion_tokens_details)":null)*)\}))?\}\n\n',
     re.DOTALL,
-).fullmatch
+)
+_FAST_CHUNK = _FAST_RE.fullmatch
+#: The same shape at a position of a read that holds several events (``text_event(read, pos)``):
+#: the pattern ends at the event's blank line and none of its strings can hold a line end, so a
+#: match is exactly one whole event, the one the SSE parser would find there.
+text_event = _FAST_RE.match
 
 
 _NULL_KEY = re.compile(rb'"(\w+)":null').findall
@@ -101,25 +110,40 @@ def text_chunk(read: bytes) -> TextChunk | None:
     m = _FAST_CHUNK(read)
     if m is None:
         return None
+    text = match_text(m)
+    if text is None:
+        return None
+    return TextChunk(int(m[1]), text, m.start(4), None if m[5] is None else match_usage(m))
+
+
+def match_text(m: re.Match[bytes]) -> str | None:
+    """The text of a :data:`text_event` match, or ``None`` when ``orjson.loads`` would fail."""
     raw = m[2]
     if raw is None:
         raw = m[3]
+    return json_string(raw)
+
+
+def json_string(raw: bytes) -> str | None:
+    """The value of a JSON string's body as ``orjson.loads`` reads it (``None`` where it fails:
+    bytes that are not UTF-8, a bad escape), without parsing when there is no escape."""
     try:
-        text = raw.decode() if b"\\" not in raw else orjson.loads(b'"' + raw + b'"')
+        return raw.decode() if b"\\" not in raw else orjson.loads(b'"' + raw + b'"')
     except (UnicodeDecodeError, orjson.JSONDecodeError):
         return None
-    pt = m[5]
-    usage: dict[str, Any] | None = None
-    if pt is not None:
-        usage = {
-            "prompt_tokens": int(pt),
-            "total_tokens": int(m[6]),
-            "completion_tokens": int(m[7]),
-        }
-        if m[8]:
-            for key in _NULL_KEY(m[8]):
-                usage[key.decode()] = None
-    return TextChunk(int(m[1]), text, m.start(4), usage)
+
+
+def match_usage(m: re.Match[bytes]) -> dict[str, Any]:
+    """The ``usage`` object of a :data:`text_event` match that carried vLLM's three counts."""
+    usage: dict[str, Any] = {
+        "prompt_tokens": int(m[5]),
+        "total_tokens": int(m[6]),
+        "completion_tokens": int(m[7]),
+    }
+    if m[8]:
+        for key in _NULL_KEY(m[8]):
+            usage[key.decode()] = None
+    return usage
 
 
 def choice_text(choice: dict[str, Any]) -> str:

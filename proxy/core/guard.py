@@ -21,9 +21,10 @@ choice remains. The Responses and Messages surfaces are in :mod:`proxy.core.surf
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from types import MethodType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
@@ -40,18 +41,17 @@ from proxy.core.surfaces.chat import ChatSurface
 from proxy.detect import Detector, Verdict
 from proxy.errors import GuardError, UpstreamError
 
-if TYPE_CHECKING:
-    pass
-
-
-#: vLLM's own loop stop (``repetition_detection``): the engine did the guard's job, so the client
-#: sees it as ``GUARD_ABORT_FINISH_REASON`` says while metrics keep the engine's reason.
-
 __all__ = ["BlockState", "ChoiceState", "GuardPolicy", "Mode", "StreamGuard", "Surface"]
 
 
 #: The name the chat relay has always used.
 ChoiceState = BlockState
+
+
+#: A surface's byte-level path: ``(guard, read, pos)`` → the client bytes for the whole event at
+#: ``pos`` and where it ends, the same state changes as parsing it; or ``None``, having touched
+#: nothing, when the general path must decide.
+Quick = Callable[["StreamGuard", bytes, int], "tuple[bytes, int] | None"]
 
 
 class StreamGuard:
@@ -80,17 +80,20 @@ class StreamGuard:
         if not isinstance(self.surface, ChatSurface):
             self._event = MethodType(_surface_event, self)  # type: ignore[method-assign]
         self.parser = SSEParser(policy.max_event_bytes)
-        #: Chat and completions streamed to the client take :meth:`_text_event` for plain text
-        #: chunks (a non-streamed answer keeps every piece, so it always parses).
-        self._fast = isinstance(self.surface, ChatSurface) and not policy.collect
+        #: The surface's byte-level path for whole events it reads without parsing (chat's plain
+        #: text chunks, the text deltas of Responses and Messages; see :data:`Quick`), only for
+        #: a stream (a non-streamed answer keeps every piece, so it always parses).
+        self._quick: Quick | None = None if policy.collect else getattr(self.surface, "quick", None)
         self.choices: dict[int, BlockState] = {}
         self.done = False
         #: The stream's terminal event arrived (``[DONE]``, ``response.completed``, ...).
         self.saw_done = False
         self.aborted = False
         self.error: dict[str, Any] | None = None
-        self.prompt_tokens: int | None = None
-        self.usage: dict[str, Any] | None = None
+        self._last_prompt_tokens: int | None = None
+        self._last_usage: dict[str, Any] | None = None
+        #: The last plain text chunk that carried usage, read lazily (see :attr:`usage`).
+        self._fast_usage: re.Match[bytes] | None = None
         self.template: dict[str, Any] | None = None
         self.first_content = False
         #: Per-surface state (the Responses/Messages surfaces keep theirs here).
@@ -100,6 +103,39 @@ class StreamGuard:
         #: answer has reached the client whole by then, so the judgement (and identification
         #: that only fed it) could change nothing; only a non-streamed one pays for it.
         self.end_drift = policy.collect
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        """The last ``usage`` the engine reported; a plain text chunk's is read only when asked
+        (per chunk, only its completion count is: ``_fast_usage``)."""
+        if self._fast_usage is not None:
+            self._take_fast_usage()
+        return self._last_usage
+
+    @usage.setter
+    def usage(self, value: dict[str, Any] | None) -> None:
+        if self._fast_usage is not None:
+            self._take_fast_usage()
+        self._last_usage = value
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        if self._fast_usage is not None:
+            self._take_fast_usage()
+        return self._last_prompt_tokens
+
+    @prompt_tokens.setter
+    def prompt_tokens(self, value: int | None) -> None:
+        if self._fast_usage is not None:
+            self._take_fast_usage()
+        self._last_prompt_tokens = value
+
+    def _take_fast_usage(self) -> None:
+        m = self._fast_usage
+        assert m is not None
+        self._fast_usage = None
+        usage = self._last_usage = chunks.match_usage(m)
+        self._last_prompt_tokens = usage["prompt_tokens"]
 
     def new_block(self, index: int) -> BlockState:
         detector = self._make_detector()
@@ -138,12 +174,33 @@ class StreamGuard:
         """Bytes to send the client for this upstream read (possibly empty)."""
         if self.done:
             return b""
-        if self._fast and not self.parser.pending:
-            tc = chunks.text_chunk(data)
-            if tc is not None:
-                fast = self._text_event(data, tc)
-                if fast is not None:
-                    return fast
+        quick = self._quick
+        if quick is not None and not self.parser.pending:
+            got = quick(self, data, 0)
+            if got is not None:
+                out, end = got
+                if end == len(data) or self.done:
+                    return out  # the usual read: one event
+                return self._quick_rest(quick, data, end, out)
+        return self._parse(data)
+
+    def _quick_rest(self, quick: Quick, data: bytes, pos: int, first: bytes) -> bytes:
+        """A read of several events (the engine ran ahead of the relay) after its first: each
+        whole event the byte-level path reads, then the rest parsed from the first it does not
+        (the parser holds nothing: every event before ``pos`` was whole)."""
+        out = [first]
+        end = len(data)
+        while pos < end and not self.done:
+            got = quick(self, data, pos)
+            if got is None:
+                out.append(self._parse(data[pos:]))
+                break
+            out.append(got[0])
+            pos = got[1]
+        return b"".join(out)
+
+    def _parse(self, data: bytes) -> bytes:
+        """The general path: SSE split, then each event by :meth:`_event`."""
         events = self.parser.feed(data)
         if not events:
             return b""
@@ -309,48 +366,6 @@ class StreamGuard:
             return True
         state.action = "observed"
         return False
-
-    def _text_event(self, read: bytes, tc: chunks.TextChunk) -> bytes | None:
-        """:meth:`_event` for one read that is exactly one plain text chunk (see
-        :func:`proxy.core.chunks.text_chunk`), without parsing its JSON; the same state changes and
-        the same client bytes. ``None`` before touching any state when the general path must
-        decide (the first chunk, which becomes the template; a new or ended choice)."""
-        if self.template is None:
-            return None
-        state = self.choices.get(tc.index)
-        if state is None or state.ended:
-            return None
-        text = tc.text
-        usage = tc.usage
-        if usage is not None:
-            self.usage = usage
-            self.prompt_tokens = usage["prompt_tokens"]
-            ct = usage["completion_tokens"]
-            tokens = ct - state.tokens if ct >= state.tokens else 1
-        else:
-            tokens = 1 if text else 0
-        state.tokens += tokens
-        if text:
-            self.first_content = True
-            verdict = state.detector.feed(text, tokens=tokens, logprobs=None)
-            state.chars += len(text)
-            if verdict is not None and state.verdict is None:
-                if state.side is not None:
-                    verdict = state.side.place(verdict, "content")
-                chunk = orjson.loads(read[6:-2])
-                choice = chunk["choices"][0]
-                if self._on_verdict(state, choice, verdict, text):
-                    if self.policy.strip_chunk_usage:
-                        if self.policy.usage_null:
-                            chunk["usage"] = None
-                        else:
-                            chunk.pop("usage", None)
-                    return self._maybe_finish(encode_data(orjson.dumps(chunk)))
-        if usage is not None and self.policy.strip_chunk_usage:
-            cut = tc.usage_at
-            out = read[:cut] + (b',"usage":null}\n\n' if self.policy.usage_null else b"}\n\n")
-            return self._maybe_finish(out)
-        return read if not self.aborted else self._maybe_finish(read)
 
     def _note_usage(self, usage: dict[str, Any]) -> None:
         self.usage = usage

@@ -86,7 +86,7 @@ class HealGuard(StreamGuard):
         #: already named one, or no language is to be expected).
         self._detector_for = detector_for
         # Every event goes through :meth:`_event` (hold-back, id rewriting, the kept text).
-        self._fast = False
+        self._quick = None
         self.heal = heal
         self.carry = carry or HealCarry()
         #: A constrained (structured-output) answer is asked again from its start rather than

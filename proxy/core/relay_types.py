@@ -9,6 +9,7 @@ runs back up. Only types live here; nothing runs at import.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -33,6 +34,9 @@ class GuardView(Protocol):
     template: dict[str, Any] | None
     #: The surface's own state (its module's ``*State``), made on its first event.
     extra: Any
+    #: Chat's byte-level path: a content was seen, and the last chunk's usage (read lazily).
+    first_content: bool
+    _fast_usage: re.Match[bytes] | None
 
     def new_block(self, index: int) -> BlockState: ...
 
@@ -43,6 +47,12 @@ class GuardView(Protocol):
     def final_usage(self) -> dict[str, Any]: ...
 
     def _event(self, raw: bytes, data: bytes | None) -> bytes: ...
+
+    def _on_verdict(
+        self, state: BlockState, choice: dict[str, Any], verdict: Verdict, text: str
+    ) -> bool: ...
+
+    def _maybe_finish(self, out: bytes) -> bytes: ...
 
 
 class Surface(Protocol):

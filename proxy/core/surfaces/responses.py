@@ -26,6 +26,7 @@ the engine's.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,23 @@ CHANNELS: dict[str, Channel] = {
     "response.function_call_arguments.delta": "tool",
 }
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+#: One text or reasoning delta exactly as vLLM writes it (keys in its order, ``logprobs`` empty
+#: on text, absent on reasoning): the event the byte-level path reads without parsing (see
+#: :meth:`_Responses.quick`).
+_DELTA_EVENT = re.compile(
+    rb'event: [\x21-\x7e]+\ndata: \{"content_index":('
+    + chunks.JSON_INT
+    + rb'),"delta":'
+    + chunks.JSON_TEXT
+    + rb',"item_id":'
+    + chunks.JSON_STR
+    + rb'(?:,"logprobs":\[\])?,"output_index":('
+    + chunks.JSON_INT
+    + rb'),"sequence_number":('
+    + chunks.JSON_INT
+    + rb'),"type":"(response\.(?:output_text|reasoning_text)\.delta)"\}\n\n'
+).match
+_KINDS = {k.encode(): k for k in DELTAS}
 #: ``content_index`` key under which a function call's arguments are kept.
 ARGUMENTS = -1
 
@@ -161,6 +179,22 @@ class _Responses:
             guard.error = {k: v for k, v in obj.items() if k not in ("type", "sequence_number")}
             guard.done = True
         return raw
+
+    def quick(self, guard: GuardView, read: bytes, pos: int) -> tuple[bytes, int] | None:
+        """:meth:`event` for a whole text or reasoning delta at ``pos`` of ``read`` in vLLM's
+        layout, without parsing its JSON: the same state changes and client bytes, and where the
+        event ends; ``None`` before touching anything when :meth:`event` must decide."""
+        m = _DELTA_EVENT(read, pos)
+        rs = guard.extra
+        if m is None or rs is None:
+            return None
+        text = chunks.json_string(m[2])
+        if text is None:
+            return None
+        end = m.end()
+        raw = read if pos == 0 and end == len(read) else read[pos:end]
+        rs.seq = int(m[4])
+        return self._delta(guard, rs, raw, _KINDS[m[5]], int(m[3]), int(m[1]), text), end
 
     def _delta(
         self,
