@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 import uvicorn
@@ -36,6 +37,13 @@ from tests.net import HANG_GUARD
 # failure. Linear-time properties are tested by the tests that measure them.
 hypothesis_settings.register_profile("default", deadline=None)
 hypothesis_settings.load_profile("default")
+
+# httpx's default timeout (5 s for each phase) applies to every test client that sets none: on a
+# busy laptop that is a margin a slow but correct answer can miss. In this test process it is
+# the hang guard instead (the proxy under test sets its own timeouts explicitly).
+_HTTPX_DEFAULT = httpx._config.DEFAULT_TIMEOUT_CONFIG
+_HTTPX_DEFAULT.connect = _HTTPX_DEFAULT.read = _HTTPX_DEFAULT.write = HANG_GUARD
+_HTTPX_DEFAULT.pool = HANG_GUARD
 
 __all__ = ["FakeVLLM", "ProxyServer", "Script"]
 
