@@ -182,6 +182,19 @@ class _Stderr:
         stream.close()
         self._queue.put(None)  # the end of the pipe: nothing more will come
 
+    def text(self) -> str:
+        """What the process wrote so far, for a failure message."""
+        while True:
+            try:
+                line = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if line is None:
+                self._queue.put(None)
+                break
+            self.lines.append(line)
+        return "\n".join(self.lines)
+
     def close(self) -> None:
         """After the process ended: the reader has seen the end of the pipe."""
         self._thread.join(HANG_GUARD)
@@ -297,7 +310,7 @@ def test_serve_json_logs_with_access_log_and_no_text_of_the_conversation(
     err = _Stderr(proc)
     base = f"http://127.0.0.1:{port}"
     try:
-        assert wait_healthy(base + "/health", alive=lambda: proc.poll() is None)
+        assert wait_healthy(base + "/health", alive=lambda: proc.poll() is None), err.text()
         prompt = "zebra-quartz-pineapple secret question"
         r = httpx.post(
             base + "/v1/chat/completions",
@@ -395,7 +408,7 @@ def test_access_log_asked_for_is_written_at_warning_level(
     err = _Stderr(proc)
     base = f"http://127.0.0.1:{port}"
     try:
-        assert wait_healthy(base + "/health", alive=lambda: proc.poll() is None)
+        assert wait_healthy(base + "/health", alive=lambda: proc.poll() is None), err.text()
         line = err.wait_for(lambda line: "uvicorn.access" in line)
         assert '"GET /health HTTP/1.1" 200' in line
     finally:
@@ -436,7 +449,7 @@ def test_serve_with_one_worker_clears_a_previous_process_metrics_files(
     err = _Stderr(proc)
     base = f"http://127.0.0.1:{port}"
     try:
-        assert wait_healthy(base + "/health", alive=lambda: proc.poll() is None)
+        assert wait_healthy(base + "/health", alive=lambda: proc.poll() is None), err.text()
         body = httpx.get(base + "/metrics").text
     finally:
         _stop(proc, err)
