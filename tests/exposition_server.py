@@ -17,6 +17,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.net import HANG_GUARD
+
 EXPOSITION_DIR = Path(__file__).parent / "data" / "exposition"
 _COUNTER_LINE = re.compile(r"^([A-Za-z_:][\w:]*(?:_total|_bucket|_count|_sum))(\{.*\})? (\S+)$")
 
@@ -101,4 +103,4 @@ def serve_exposition(
     finally:
         server.shutdown()
         server.server_close()
-        thread.join(5)
+        thread.join(HANG_GUARD)

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
+
+#: The ceiling of every wait on an event (a server up, a connection closed, a process gone): a
+#: guard against a hang, never a margin. Tests wait for the event itself, so on a busy two-core
+#: laptop they take longer rather than fail; only a test that would hang forever meets this.
+HANG_GUARD = 300.0
 
 
 def free_port() -> int:
@@ -18,16 +25,38 @@ def free_port() -> int:
 
 
 def wait_healthy(
-    url: str, *, timeout: float, alive: Callable[[], bool] = lambda: True, interval: float = 0.1
+    url: str,
+    *,
+    timeout: float = HANG_GUARD,
+    alive: Callable[[], bool] = lambda: True,
+    interval: float = 0.1,
 ) -> bool:
-    """Poll ``url`` until it answers 200; False when ``timeout`` passes or ``alive()`` turns
-    false (the server process died), so callers can fail with the server's own log."""
+    """Poll ``url`` until it answers 200; False when ``timeout`` (a hang guard) passes or
+    ``alive()`` turns false (the server process died), so callers can fail with the server's
+    own log."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and alive():
         try:
-            if httpx.get(url, timeout=1).status_code == 200:
+            if httpx.get(url, timeout=HANG_GUARD).status_code == 200:
                 return True
         except httpx.TransportError:
             pass
         time.sleep(interval)
     return False
+
+
+def stop_process(proc: subprocess.Popen[Any]) -> int:
+    """Terminate ``proc`` and reap it (kill it if SIGTERM is not enough within the hang guard),
+    closing its pipes: a child left running, or unreaped, surfaces later as a ResourceWarning in
+    whichever test the garbage collector happens to run in."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        code = proc.wait(HANG_GUARD)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    return code

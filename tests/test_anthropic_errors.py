@@ -26,6 +26,7 @@ from proxy.errors import (
 )
 from proxy.server.paths import error_format
 from tests.fakes.vllm import FakeVLLM, Script
+from tests.net import HANG_GUARD
 
 ProxyFactory = Callable[..., str]
 USER: Any = [{"role": "user", "content": "Tell me something about Paris, please."}]
@@ -39,7 +40,7 @@ def clients() -> Iterator[Callable[..., anthropic.Anthropic]]:
     def make(base: str, **kwargs: Any) -> anthropic.Anthropic:
         if "auth_token" not in kwargs:
             kwargs.setdefault("api_key", "k")
-        client = anthropic.Anthropic(base_url=base, max_retries=0, timeout=30, **kwargs)
+        client = anthropic.Anthropic(base_url=base, max_retries=0, timeout=HANG_GUARD, **kwargs)
         made.append(client)
         return client
 

@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from tests.fakes.vllm import FakeVLLM, Script
+from tests.net import HANG_GUARD
 
 ProxyFactory = Callable[..., str]
 CHAT = "/v1/chat/completions"
@@ -153,7 +154,7 @@ def test_upstream_dying_mid_stream(
     r = httpx.post(
         proxy_server() + CHAT,
         json={"model": "m", "messages": MESSAGES, "stream": stream},
-        timeout=5,
+        timeout=HANG_GUARD,
     )
     if stream:
         assert r.status_code == 200

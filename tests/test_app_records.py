@@ -11,6 +11,7 @@ import pytest
 from proxy.core.records import GenerationRecord
 from proxy.observability.metrics import Metrics
 from tests.fakes.vllm import FakeVLLM, Script
+from tests.net import HANG_GUARD
 
 ProxyFactory = Callable[..., str]
 LOOP = "The answer is the answer. " * 300
@@ -41,7 +42,7 @@ class Recorder(Metrics):
 def _wait(predicate: Callable[[], bool]) -> None:
     import time
 
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + HANG_GUARD
     while not predicate() and time.monotonic() < deadline:
         time.sleep(0.01)
 

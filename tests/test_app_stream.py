@@ -331,5 +331,10 @@ def test_upstream_connection_is_reused_after_complete_streams(
     for stream in (True, False, True):
         r = httpx.post(base + "/v1/chat/completions", json={**body, "stream": stream})
         assert r.status_code == 200
-        time.sleep(0.2)  # the client has its answer; the proxy still reads the terminator
+        # The client has its answer; the engine writes the terminator apart (tail_delay): wait
+        # for it to be written, then give the proxy's loop a moment to read it.
+        assert fake_upstream.wait_for(
+            lambda: fake_upstream.guarded_requests()[-1].finished is not None
+        )
+        time.sleep(0.05)
     assert len({r.peer for r in fake_upstream.guarded_requests()}) == 1

@@ -28,7 +28,7 @@ from proxy.cli.calibrate import run as calibrate
 from proxy.cli.calibrate.prompts import LANGUAGES, PROMPTS, TASKS
 from proxy.observability.metrics import Metrics
 from tests.fakes.vllm import FakeVLLM, Recorded, Script
-from tests.net import free_port
+from tests.net import HANG_GUARD, free_port
 
 MODEL = "fake-model"
 LOOP = "I will check the file again to make sure it is correct. " * 60
@@ -344,7 +344,7 @@ def test_from_prometheus_reads_the_proxys_histograms(
             # increase() over the window sees the second round.
             for want in (2.0, 4.0):
                 traffic()
-                deadline = time.monotonic() + 30
+                deadline = time.monotonic() + HANG_GUARD
                 while aborted() < want:
                     assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()
                     assert time.monotonic() < deadline, f"Prometheus never saw {want} aborts"
@@ -375,7 +375,7 @@ def test_from_prometheus_reads_the_proxys_histograms(
     finally:
         proc.terminate()
         try:
-            proc.wait(10)
+            proc.wait(HANG_GUARD)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -451,7 +451,7 @@ def test_a_missing_calibrate_extra_is_said_before_the_run(
     ]  # fmt: skip
     out = subprocess.run(
         [sys.executable, "-c", blocked + f"sys.exit(main({argv!r}))"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=HANG_GUARD,
     )  # fmt: skip
     assert out.returncode == 2, out.stderr
     assert "pip install 'coherence-guard[calibrate]'" in out.stderr

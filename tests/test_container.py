@@ -21,7 +21,7 @@ import pytest
 
 from tests.deploy_tools import require
 from tests.fakes.vllm import FakeVLLM, Script
-from tests.net import free_port, wait_healthy
+from tests.net import HANG_GUARD, free_port, wait_healthy
 
 pytestmark = pytest.mark.container
 
@@ -61,7 +61,7 @@ def container(image: str, fake_upstream: FakeVLLM) -> Iterator[tuple[str, str]]:
     assert started.returncode == 0, started.stderr
     base = f"http://127.0.0.1:{port}"
     try:
-        if not wait_healthy(base + "/health", timeout=30, interval=0.2):
+        if not wait_healthy(base + "/health", interval=0.2):
             logs = podman("logs", name).stdout + podman("logs", name).stderr
             pytest.fail(f"container did not become healthy:\n{logs[-3000:]}")
         yield name, base
@@ -92,13 +92,13 @@ def test_container_serves_health_metrics_and_relays(
     r = httpx.post(
         base + "/v1/chat/completions",
         json={"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]},
-        timeout=10,
+        timeout=HANG_GUARD,
     )
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"].startswith("Hello from the fake engine")
-    quality = httpx.get(base + "/metrics/quality", timeout=5)
+    quality = httpx.get(base + "/metrics/quality", timeout=HANG_GUARD)
     assert quality.status_code == 200
     completed = 'guard_generations_total{endpoint="chat",model="fake-model",outcome="completed"}'
     assert f"{completed} 1.0" in quality.text
-    infra = httpx.get(base + "/metrics", timeout=5).text
+    infra = httpx.get(base + "/metrics", timeout=HANG_GUARD).text
     assert "guard_proxy_requests_total" in infra and "guard_generations_total" not in infra

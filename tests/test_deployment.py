@@ -37,6 +37,7 @@ from tests.deploy_tools import (
     variable_queries,
 )
 from tests.exposition_server import EXPOSITION_DIR, parse
+from tests.net import HANG_GUARD
 
 #: Series Prometheus makes itself for every target.
 SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
@@ -199,10 +200,13 @@ def test_grafana_provisioning_points_at_the_stack() -> None:
 def test_promtool_check_config_and_rules() -> None:
     promtool = require("promtool", PROMETHEUS_INSTALL)
     for args in (["check", "config", str(PROMETHEUS_YML)], ["check", "rules", str(ALERTS_YML)]):
-        out = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=HANG_GUARD)
         assert out.returncode == 0, out.stdout + out.stderr
     out = subprocess.run(
-        [promtool, "check", "rules", str(ALERTS_YML)], capture_output=True, text=True, timeout=60
+        [promtool, "check", "rules", str(ALERTS_YML)],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
     )
     assert f"SUCCESS: {len(alert_rules())} rules found" in out.stdout
 
@@ -213,7 +217,7 @@ def test_alert_thresholds_with_promtool_test_rules() -> None:
     promtool = require("promtool", PROMETHEUS_INSTALL)
     tests = PROMETHEUS_YML.parent / "alerts_test.yml"
     out = subprocess.run(
-        [promtool, "test", "rules", str(tests)], capture_output=True, text=True, timeout=60
+        [promtool, "test", "rules", str(tests)], capture_output=True, text=True, timeout=HANG_GUARD
     )
     assert out.returncode == 0, out.stdout + out.stderr
     tested = set(re.findall(r"alertname: (\w+)", tests.read_text()))
@@ -226,7 +230,9 @@ def test_promtool_rejects_a_broken_rule(tmp_path: Path) -> None:
     assert broken != ALERTS_YML.read_text()
     (tmp_path / "alerts.yml").write_text(broken)
     out = subprocess.run(
-        [promtool, "check", "rules", str(tmp_path / "alerts.yml")], capture_output=True, timeout=60
+        [promtool, "check", "rules", str(tmp_path / "alerts.yml")],
+        capture_output=True,
+        timeout=HANG_GUARD,
     )
     assert out.returncode != 0
 
@@ -252,7 +258,7 @@ def test_prometheus_jobs() -> None:
 
 def _compose(*args: str, file: Path = COMPOSE) -> subprocess.CompletedProcess[str]:
     cmd = [*compose_command(), "-f", str(file), "--project-directory", str(ROOT), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD, cwd=ROOT)
 
 
 def test_compose_file_validates() -> None:
@@ -324,7 +330,7 @@ def test_env_example_and_readme_table_are_current() -> None:
         [sys.executable, str(ROOT / "scripts" / "env_example.py"), "--check"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_GUARD,
     )
     assert out.returncode == 0, out.stderr
 

@@ -23,6 +23,7 @@ from proxy.server.app import create_app
 from proxy.settings import load_settings
 from tests.conftest import ProxyServer
 from tests.fakes.vllm import FakeVLLM, Script
+from tests.net import HANG_GUARD
 
 CORPUS = [
     json.loads(line)
@@ -116,7 +117,7 @@ def test_direct_writes_send_the_same_bytes_as_send(
         for name, base in (("direct", direct), ("send", wrapped)):
             fake_upstream.script = Script(texts=[text], chunk_delay=0.0005)
             before = counted.writes
-            resp = httpx.post(base + route, json=body, timeout=30)
+            resp = httpx.post(base + route, json=body, timeout=HANG_GUARD)
             assert resp.status_code == 200
             got[name] = resp.content
             wrote = counted.writes - before
@@ -174,14 +175,19 @@ def test_a_client_that_stops_reading_gets_every_byte_in_order(
     # Small, but not below loopback's segment size (~64 KiB): a receive window that can never
     # open by a full segment leaves the sender on zero-window probes that back off for seconds.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-    sock.settimeout(20)
+    sock.settimeout(HANG_GUARD)
     sock.connect((host, int(port)))
     with sock:
         sock.sendall(
             b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
             b"connection: close\r\ncontent-length: %d\r\n\r\n%b" % (len(payload), payload)
         )
-        time.sleep(1.0)  # the engine has sent everything by now; the proxy holds it
+        # Not reading until the proxy's transport has asked to pause (a write handed back to
+        # ``send``): the event, with a hang guard, not a second's sleep.
+        deadline = time.monotonic() + HANG_GUARD
+        while not counted.handed_back:
+            assert time.monotonic() < deadline, "the proxy's transport never asked to pause"
+            time.sleep(0.01)
         raw = b""
         while chunk := sock.recv(65536):
             raw += chunk
@@ -211,11 +217,11 @@ def test_a_guard_that_fails_in_the_callback_fails_its_request_only(
     fake_upstream.script = Script(texts=[HEALTHY[3]], chunk_delay=0.002)
     base = servers()
     with pytest.raises(httpx.RemoteProtocolError):
-        httpx.post(base + "/v1/chat/completions", json=chat(), timeout=10)
+        httpx.post(base + "/v1/chat/completions", json=chat(), timeout=HANG_GUARD)
     rec = fake_upstream.guarded_requests()[0]
     assert fake_upstream.wait_for(lambda: rec.disconnected is not None)
     assert not rec.completed
-    resp = httpx.post(base + "/v1/chat/completions", json=chat(), timeout=10)
+    resp = httpx.post(base + "/v1/chat/completions", json=chat(), timeout=HANG_GUARD)
     assert resp.status_code == 200
     assert resp.content.endswith(b"data: [DONE]\n\n")
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.net import HANG_GUARD
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -45,7 +47,7 @@ def test_docs_site_builds_strictly(tmp_path: Path) -> None:
     _require_mkdocs()
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD, check=False,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr

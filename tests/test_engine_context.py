@@ -25,6 +25,7 @@ from proxy.server.engine_context import (
     model_contexts,
 )
 from tests.fakes.vllm import FakeVLLM, Script
+from tests.net import HANG_GUARD
 
 ProxyFactory = Callable[..., str]
 POLICY = RewritePolicy(max_tokens_default=8192, max_tokens_cap=32768)
@@ -257,7 +258,7 @@ def test_a_refusal_teaches_the_models_context() -> None:
 
 def _chat(base: str, **fields: Any) -> httpx.Response:
     body = {"model": "fake-model", "messages": MESSAGES, **fields}
-    return httpx.post(base + "/v1/chat/completions", json=body, timeout=10)
+    return httpx.post(base + "/v1/chat/completions", json=body, timeout=HANG_GUARD)
 
 
 def _models_lookups(fake: FakeVLLM) -> int:
@@ -338,7 +339,9 @@ def test_responses_without_max_output_tokens_are_served(
     fake_upstream.list_max_model_len = listed
     fake_upstream.script = Script(texts=["Hello."], max_model_len=4096)
     base = proxy_server()
-    r = httpx.post(base + "/v1/responses", json={"model": "fake-model", "input": "hi"}, timeout=10)
+    r = httpx.post(
+        base + "/v1/responses", json={"model": "fake-model", "input": "hi"}, timeout=HANG_GUARD
+    )
     assert r.status_code == 200, r.text
     assert r.json()["output"][0]["content"][0]["text"] == "Hello."
     assert "max_output_tokens" not in fake_upstream.last.json
@@ -404,7 +407,7 @@ def test_tokens_saved_count_from_what_the_context_had_left(
     assert r.json()["choices"][0]["guard"]["action"] == "aborted"
     q = metrics.quality_registry
     labels = {"model": "fake-model"}
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + HANG_GUARD
     while q.get_sample_value("guard_tokens_saved_total", labels) is None:
         assert time.monotonic() < deadline
         time.sleep(0.01)

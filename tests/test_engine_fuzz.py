@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.net import free_port, wait_healthy
+from tests.net import HANG_GUARD, free_port, stop_process, wait_healthy
 
 SCENARIOS = [
     "ok_chunked", "continue_then_ok", "ok_length", "truncated", "plain_text", "error_500",
@@ -83,12 +83,12 @@ class Engine:
 
     def __enter__(self) -> Engine:
         self.thread.start()
-        self.ready.wait(10)
+        self.ready.wait(HANG_GUARD)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        self.thread.join(HANG_GUARD)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -164,7 +164,7 @@ class Engine:
 
 async def _client_run(base: str, n: int, engine: Engine) -> list[tuple[object, ...]]:
     bad: list[tuple[object, ...]] = []
-    async with httpx.AsyncClient(timeout=20) as client:
+    async with httpx.AsyncClient(timeout=HANG_GUARD) as client:
 
         async def one(i: int) -> None:
             mk = f"MARK{i:05d}X"
@@ -204,12 +204,11 @@ def test_misbehaving_engine_never_loses_or_mixes_a_request(seed: int, tmp_path: 
         )  # fmt: skip
         try:
             base = f"http://127.0.0.1:{port}"
-            assert wait_healthy(base + "/health", timeout=90, alive=lambda: proc.poll() is None)
+            assert wait_healthy(base + "/health", alive=lambda: proc.poll() is None)
             bad = asyncio.run(_client_run(base, n, engine))
             assert httpx.get(base + "/health").status_code == 200
         finally:
-            proc.terminate()
-            proc.wait(15)
+            stop_process(proc)
             log.close()
         log_tail = (tmp_path / "proxy.log").read_text()[-3000:]
         assert bad == [], f"{bad}\n{log_tail}"

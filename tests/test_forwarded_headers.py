@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.conftest import CannedEngine
+from tests.net import HANG_GUARD
 
 ProxyFactory = Callable[..., str]
 EngineFactory = Callable[[bytes], CannedEngine]
@@ -41,7 +42,7 @@ def raw_request(base: str, method: str, path: str, headers: list[bytes], body: b
     if body or method == "POST":
         head += [b"content-type: application/json", b"content-length: %d" % len(body)]
     head.append(b"connection: close")
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
+    with socket.create_connection((host, int(port)), timeout=HANG_GUARD) as sock:
         sock.sendall(b"\r\n".join(head) + b"\r\n\r\n" + body)
         out = b""
         while part := sock.recv(65536):

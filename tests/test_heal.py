@@ -32,6 +32,7 @@ from proxy.detect import Detector
 from proxy.observability.metrics import Metrics
 from tests.conftest import Clients
 from tests.fakes.vllm import FakeVLLM, Script, tokenize
+from tests.net import HANG_GUARD
 
 ProxyFactory = Callable[..., str]
 
@@ -61,7 +62,7 @@ def recorded(metrics: Metrics, name: str, endpoint: str = "chat") -> float | Non
     """``name`` for model m once the proxy recorded the request (it does so after the last byte,
     so a fast client can read the answer first)."""
     q = metrics.quality_registry
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + HANG_GUARD
     while q.get_sample_value(
         "guard_generations_total", {"model": "m", "endpoint": endpoint, "outcome": "completed"}
     ) is None and (

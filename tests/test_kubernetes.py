@@ -37,7 +37,7 @@ import yaml
 from tests.deploy_tools import PROMETHEUS_YML, ROOT, require
 from tests.exposition_server import families, fixture, serve_exposition
 from tests.fakes.vllm import FakeVLLM
-from tests.net import wait_healthy
+from tests.net import HANG_GUARD, wait_healthy
 
 KUBE = ROOT / "deploy" / "kubernetes"
 DATA = ROOT / "tests" / "data" / "kubernetes"
@@ -97,7 +97,7 @@ def _documents(text: str) -> list[Doc]:
 
 def kustomize(directory: Path) -> list[Doc]:
     out = subprocess.run(
-        [kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=120
+        [kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=HANG_GUARD
     )
     if out.returncode != 0:
         raise BuildError(out.stderr)
@@ -111,7 +111,7 @@ def post_render(rendered: str, tree: Path = KUBE) -> list[Doc]:
         input=rendered,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_GUARD,
         env={**os.environ, "KUBECTL": kubectl()},
     )
     if out.returncode != 0:
@@ -621,12 +621,16 @@ def pod_session() -> dict[str, Any]:
         )
         try:
             alive = lambda: proxy.poll() is None  # noqa: E731
-            out["live"] = wait_healthy(base + PROBES["livenessProbe"], timeout=60, alive=alive)
+            out["live"] = wait_healthy(base + PROBES["livenessProbe"], alive=alive)
             if out["live"]:  # else the log below says why
-                out["ready"] = httpx.get(base + PROBES["readinessProbe"], timeout=10).status_code
+                out["ready"] = httpx.get(
+                    base + PROBES["readinessProbe"], timeout=HANG_GUARD
+                ).status_code
                 body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
                 out["no_key"] = httpx.post(base + "/v1/chat/completions", json=body).status_code
-                with httpx.Client(headers={"authorization": f"Bearer {key}"}, timeout=10) as client:
+                with httpx.Client(
+                    headers={"authorization": f"Bearer {key}"}, timeout=HANG_GUARD
+                ) as client:
                     out["statuses"] = [
                         client.post(
                             base + "/v1/chat/completions", json={**body, "stream": s}
@@ -652,7 +656,7 @@ def pod_session() -> dict[str, Any]:
                 out["alive"] = alive()
         finally:
             proxy.terminate()
-            out["log"] = proxy.communicate(timeout=30)[0].decode(errors="replace")[-3000:]
+            out["log"] = proxy.communicate(timeout=HANG_GUARD)[0].decode(errors="replace")[-3000:]
     return out
 
 
@@ -678,7 +682,7 @@ def run_pod(docs: list[Doc], *, drop_mount: str | None = None) -> dict[str, Any]
     cmd += ["--unshare-pid", "--unshare-user", "--uid", uid, "--gid", uid, "--die-with-parent"]
     cmd += _writable_mounts(writable)
     cmd += ["--chdir", "/tmp", sys.executable, "-m", "tests.test_kubernetes"]
-    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HANG_GUARD)
     assert run.returncode == 0, run.stderr[-3000:]
     seen: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
     return seen
@@ -728,7 +732,7 @@ def test_the_proxy_relays_the_engines_metrics_path(
     text = fixture("vllm.txt")
     with serve_exposition({"/metrics/engine": text}) as engine:
         url = proxy_server(upstream_url=engine.url)
-        resp = httpx.get(url + "/metrics/engine", timeout=10)
+        resp = httpx.get(url + "/metrics/engine", timeout=HANG_GUARD)
     assert resp.status_code == 200
     assert families(resp.text) == families(text)
     assert engine.hits == {"/metrics/engine": 1}
@@ -765,7 +769,7 @@ def test_vllm_serves_its_metrics_under_the_podmonitors_engine_path() -> None:
         "print(json.dumps(out))\n"
     )
     run = subprocess.run(
-        [_e2e_vllm_python(), "-c", script], capture_output=True, text=True, timeout=300
+        [_e2e_vllm_python(), "-c", script], capture_output=True, text=True, timeout=HANG_GUARD
     )
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])

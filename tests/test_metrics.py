@@ -24,7 +24,7 @@ from proxy.observability.metrics import Metrics
 from proxy.observability.multiprocess import prepare_multiprocess
 from tests.exposition_server import families, parse, value
 from tests.fakes.vllm import FakeVLLM, Script
-from tests.net import free_port, wait_healthy
+from tests.net import HANG_GUARD, free_port, wait_healthy
 
 QUALITY_FAMILIES = {
     "guard_generations",
@@ -505,7 +505,7 @@ def test_served_with_two_workers_every_scrape_sees_every_request(
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        started = wait_healthy(base + "/health", timeout=30, alive=lambda: proc.poll() is None)
+        started = wait_healthy(base + "/health", alive=lambda: proc.poll() is None)
         assert started, "serve did not start"
         fake_upstream.script = Script(texts=["A short and healthy answer."])
         model = fake_upstream.script.model
@@ -518,18 +518,18 @@ def test_served_with_two_workers_every_scrape_sees_every_request(
             r = httpx.post(
                 base + "/v1/chat/completions",
                 json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
-                timeout=10,
+                timeout=HANG_GUARD,
             )
             assert r.status_code == 200, r.text
             n += 1
         for _ in range(8):
-            q = parse(httpx.get(base + "/metrics/quality", timeout=5).content)
+            q = parse(httpx.get(base + "/metrics/quality", timeout=HANG_GUARD).content)
             gen = "guard_generations_total"
             assert value(q, gen, model=model, endpoint="chat", outcome="completed") == n
     finally:
         proc.terminate()
         try:
-            proc.wait(20)
+            proc.wait(HANG_GUARD)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

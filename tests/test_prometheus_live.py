@@ -48,7 +48,7 @@ from tests.deploy_tools import (
 )
 from tests.exposition_server import fixture, parse, serve_exposition, value
 from tests.fakes.vllm import FakeVLLM, Script, tokenize
-from tests.net import free_port
+from tests.net import HANG_GUARD, free_port
 
 pytestmark = pytest.mark.prometheus
 
@@ -129,7 +129,7 @@ def fake_upstream() -> Iterator[FakeVLLM]:
 class Prometheus:
     def __init__(self, url: str) -> None:
         self.url = url
-        self.http = httpx.Client(base_url=url, timeout=10)
+        self.http = httpx.Client(base_url=url, timeout=HANG_GUARD)
 
     def query(self, expr: str) -> dict[str, Any]:
         data: dict[str, Any] = self.http.get("/api/v1/query", params={"query": expr}).json()
@@ -145,7 +145,8 @@ class Prometheus:
         result = self.vector(expr)
         return float(result[0]["value"][1]) if result else None
 
-    def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 30) -> None:
+    def wait(self, what: str, predicate: Callable[[], bool], timeout: float = HANG_GUARD) -> None:
+        """Until ``predicate()`` holds; ``timeout`` is a hang guard, not a margin."""
         deadline = time.monotonic() + timeout
         while not predicate():
             assert time.monotonic() < deadline, f"Prometheus: {what} not reached in {timeout}s"
@@ -201,7 +202,7 @@ def prometheus_factory(tmp_path: Path) -> Iterator[Callable[[dict[str, str]], Pr
     for proc in procs:
         proc.terminate()
         try:
-            proc.wait(10)
+            proc.wait(HANG_GUARD)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -257,7 +258,7 @@ def _round(client: OpenAI, base: str, fake: FakeVLLM) -> None:
         base + "/v1/chat/completions",
         headers={"x-guard-mode": "monitor"},
         json={"model": MODEL, "messages": messages, "max_tokens": 2000},
-        timeout=30,
+        timeout=HANG_GUARD,
     )
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
 
@@ -270,21 +271,23 @@ def _round(client: OpenAI, base: str, fake: FakeVLLM) -> None:
         base + "/v1/chat/completions",
         headers={"x-guard-mode": "heal"},
         json={"model": MODEL, "messages": messages, "max_tokens": 2000},
-        timeout=30,
+        timeout=HANG_GUARD,
     )
     assert r.status_code == 200 and r.json()["choices"][0]["guard"]["action"] == "healed"
 
     # Client goes away mid-stream.
     fake.script = Script(texts=[LONG_HEALTHY], chunk_delay=0.02, model=MODEL)
     body = {"model": MODEL, "messages": messages, "stream": True}
-    with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=30) as resp:
+    with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=HANG_GUARD) as resp:
         lines = resp.iter_lines()
         for _ in range(3):
             next(lines)
 
     # The engine fails.
     fake.script = Script(status=500, error_body=b'{"error":{"message":"boom"}}', model=MODEL)
-    r = httpx.post(base + "/v1/chat/completions", json={**body, "stream": False}, timeout=30)
+    r = httpx.post(
+        base + "/v1/chat/completions", json={**body, "stream": False}, timeout=HANG_GUARD
+    )
     assert r.status_code >= 500
 
 
@@ -296,10 +299,14 @@ def generations(metrics: Metrics) -> dict[str, float]:
     }
 
 
+#: Scrapes so far of the job scraped least (a count, not a time).
+SCRAPES = 'min(count_over_time(up{job=~"proxy-.*"}[1h]))'
+
+
 def wait_for_proxy(metrics: Metrics, rounds: int) -> None:
     """Until the proxy has recorded ``rounds`` rounds (disconnects are recorded asynchronously)."""
     expected = {k: float(v * rounds) for k, v in ROUND.items()}
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + HANG_GUARD
     while generations(metrics) != expected:
         assert time.monotonic() < deadline, f"proxy recorded {generations(metrics)}"
         time.sleep(0.05)
@@ -345,7 +352,9 @@ def test_every_panel_and_alert_query_returns_data(
                 f"round {rounds} scraped",
                 lambda want=want: prom.scalar("sum(guard_generations_total)") == want,
             )
-            time.sleep(2.5)  # a few more scrapes, so rate() has points on both sides
+            # Two more scrapes of every job, so rate() has points on both sides.
+            seen = prom.scalar(SCRAPES) or 0.0
+            prom.wait("two more scrapes", lambda seen=seen: (prom.scalar(SCRAPES) or 0) >= seen + 2)
 
         # The value check: Prometheus holds exactly the aborted streams made.
         assert prom.scalar('sum(guard_generations_total{outcome="aborted"})') == aborted_total
@@ -401,7 +410,7 @@ def test_every_panel_and_alert_query_returns_data(
         prom.wait(
             "every alert pending or firing",
             lambda: all(s in ("pending", "firing") for s in alert_states().values()),
-            timeout=15,
+            timeout=HANG_GUARD,
         )
         groups = prom.http.get("/api/v1/rules").json()["data"]["groups"]
         health = {r["name"]: r["health"] for g in groups for r in g["rules"]}

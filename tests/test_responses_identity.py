@@ -30,6 +30,7 @@ from proxy.core.guard import GuardPolicy, StreamGuard
 from proxy.core.surfaces import via_chat
 from proxy.detect import Detector
 from tests.fakes.vllm import FakeVLLM, Script
+from tests.net import HANG_GUARD
 from tests.sdk_warmup import warm_sdk_stream_types
 from tests.test_surface_heal import chat_stream
 
@@ -45,7 +46,7 @@ def one_stream(base: str, n: int, mode: str) -> tuple[str, set[str], list[int], 
     """(the id this client's request named, the ids its lifecycle events carried, their
     sequence numbers, the final response)."""
     own = f"resp_client{n}"
-    client = openai.OpenAI(base_url=base + "/v1", api_key="k", max_retries=0, timeout=30)
+    client = openai.OpenAI(base_url=base + "/v1", api_key="k", max_retries=0, timeout=HANG_GUARD)
     try:
         if mode == "enforce":  # the native route: vLLM names the response after request_id
             extra: dict[str, Any] = {"extra_body": {"request_id": own}}

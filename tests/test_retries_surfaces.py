@@ -18,10 +18,10 @@ LOOP = "The answer is the answer. " * 200
 HANG_GUARD = 300.0
 
 RESPONSES = {
-    "model": "m", "input": "Give JSON.", "stream": True, "temperature": 0,
+    "model": "m", "input": "Look it up.", "stream": True, "temperature": 0,
     "max_output_tokens": 1000,
-    "text": {"format": {"type": "json_schema", "name": "a",
-                        "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}},
+    "tools": [{"type": "function", "name": "look_up", "description": "Look a word up.",
+               "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}],
 }  # fmt: skip
 MESSAGES = {
     "model": "m", "max_tokens": 1000, "stream": True, "temperature": 0,
@@ -38,12 +38,12 @@ def _send(base: str, path: str, body: dict[str, Any]) -> str:
 
 
 @pytest.mark.parametrize("setting", ["heal", "defend"])
-def test_a_structured_responses_retry_goes_out_with_raised_defences(
+def test_a_responses_retry_with_tools_goes_out_with_raised_defences(
     fake_upstream: FakeVLLM, proxy_server: Callable[..., str], setting: str
 ) -> None:
-    fake_upstream.script = Script(texts=['{"a": "' + LOOP])
+    fake_upstream.script = Script(texts=["Fine start. " + LOOP])
     base = proxy_server(retry_after_abort=setting)
-    assert "coherence_guard" in _send(base, "/v1/responses", RESPONSES)  # aborted
+    assert b'"action":"aborted"' in _send(base, "/v1/responses", RESPONSES).encode()
     _send(base, "/v1/responses", RESPONSES)
     first, second = (r.json for r in fake_upstream.guarded_requests())
     assert first is not None and second is not None

@@ -24,6 +24,7 @@ from proxy.server.paths import (
 )
 from tests.conftest import CannedEngine
 from tests.fakes.vllm import FakeVLLM, Script
+from tests.net import HANG_GUARD
 
 ProxyFactory = Callable[..., str]
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -122,7 +123,7 @@ def _raw_request(
 ) -> http.client.HTTPResponse:
     """A request with the target exactly as written (httpx would normalise it first)."""
     parts = urlsplit(base)
-    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=HANG_GUARD)
     conn.putrequest(method, target, skip_accept_encoding=True)
     conn.putheader("content-type", "application/json")
     conn.putheader("content-length", str(len(body)))
@@ -222,7 +223,7 @@ def test_a_200_that_is_not_a_stream_is_a_502(
     )
     base = proxy_server(upstream_url=engine.url)
     body = {"model": "m", "messages": MESSAGES, "stream": stream}
-    r = httpx.post(base + "/v1/chat/completions", json=body, timeout=5)
+    r = httpx.post(base + "/v1/chat/completions", json=body, timeout=HANG_GUARD)
     assert r.status_code == 502
     assert r.json()["error"]["code"] == "upstream_not_streaming"
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from proxy.cli.score import split_deltas
+from tests.net import HANG_GUARD
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "tests" / "data" / "detect" / "sample.jsonl"
@@ -22,7 +23,7 @@ def _score(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[
         capture_output=True,
         text=True,
         cwd=ROOT,
-        timeout=300,
+        timeout=HANG_GUARD,
         check=False,
     )
 
@@ -104,7 +105,7 @@ def test_missing_file_and_bad_config(tmp_path: Path) -> None:
         text=True,
         cwd=ROOT,
         env={"GUARD_WINDOW_CHARS": "lots", "PATH": "/usr/bin:/bin"},
-        timeout=120,
+        timeout=HANG_GUARD,
         check=False,
     )
     assert env_result.returncode == 2 and "GUARD_WINDOW_CHARS" in env_result.stderr
@@ -118,7 +119,7 @@ def test_the_cli_sub_command_is_the_same_code_path(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         cwd=ROOT,
-        timeout=300,
+        timeout=HANG_GUARD,
         check=False,
     )
     assert via_cli.returncode == 0, via_cli.stderr

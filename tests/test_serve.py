@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.fakes.vllm import FakeVLLM, Script
-from tests.net import free_port, wait_healthy
+from tests.net import HANG_GUARD, free_port, stop_process, wait_healthy
 
 CLI = [sys.executable, "-m", "proxy"]
 
@@ -81,7 +81,12 @@ def test_every_bad_value_is_one_line_and_exit_2(
     names the variable, shows the value and says what is allowed; no traceback."""
     args = [command, "--port", str(free_port())] if command == "serve" else [command]
     out = subprocess.run(
-        [*CLI, *args], env=_env(**env), capture_output=True, text=True, cwd=tmp_path, timeout=30
+        [*CLI, *args],
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=HANG_GUARD,
     )
     assert out.returncode == 2, out.stderr
     lines = out.stderr.splitlines()
@@ -98,7 +103,7 @@ def test_a_bad_flag_value_names_the_flag_too(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        timeout=30,
+        timeout=HANG_GUARD,
     )
     assert out.returncode == 2
     assert "GUARD_LOG_LEVEL='verbose'" in out.stderr and "(from --log-level)" in out.stderr
@@ -167,7 +172,7 @@ class _Stderr:
     def __init__(self, proc: subprocess.Popen[str]) -> None:
         assert proc.stderr is not None
         self.lines: list[str] = []
-        self._queue: queue.Queue[str] = queue.Queue()
+        self._queue: queue.Queue[str | None] = queue.Queue()
         self._thread = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
         self._thread.start()
 
@@ -175,12 +180,27 @@ class _Stderr:
         for line in stream:
             self._queue.put(line.rstrip("\n"))
         stream.close()
+        self._queue.put(None)  # the end of the pipe: nothing more will come
+
+    def text(self) -> str:
+        """What the process wrote so far, for a failure message."""
+        while True:
+            try:
+                line = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if line is None:
+                self._queue.put(None)
+                break
+            self.lines.append(line)
+        return "\n".join(self.lines)
 
     def close(self) -> None:
         """After the process ended: the reader has seen the end of the pipe."""
-        self._thread.join(10)
+        self._thread.join(HANG_GUARD)
 
-    def wait_for(self, predicate: Callable[[str], bool], timeout: float = 20) -> str:
+    def wait_for(self, predicate: Callable[[str], bool], timeout: float = HANG_GUARD) -> str:
+        """The first line that ``predicate`` accepts; ``timeout`` is a hang guard."""
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -189,6 +209,9 @@ class _Stderr:
                 line = self._queue.get(timeout=remaining)
             except queue.Empty:
                 continue
+            if line is None:
+                self._queue.put(None)  # for the next wait
+                raise AssertionError("the process ended; not logged:\n" + "\n".join(self.lines))
             self.lines.append(line)
             if predicate(line):
                 return line
@@ -208,11 +231,11 @@ def _serve(args: list[str], cwd: Path, **env: str) -> subprocess.Popen[str]:
 def _stop(proc: subprocess.Popen[str], err: _Stderr) -> None:
     proc.terminate()
     try:
-        proc.wait(15)
+        proc.wait(HANG_GUARD)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-    err.close()
+    err.close()  # the reader closes the pipe at its end
 
 
 def test_serve_keeps_saying_the_engine_is_down_until_it_answers(
@@ -287,12 +310,12 @@ def test_serve_json_logs_with_access_log_and_no_text_of_the_conversation(
     err = _Stderr(proc)
     base = f"http://127.0.0.1:{port}"
     try:
-        assert wait_healthy(base + "/health", timeout=30, alive=lambda: proc.poll() is None)
+        assert wait_healthy(base + "/health", alive=lambda: proc.poll() is None), err.text()
         prompt = "zebra-quartz-pineapple secret question"
         r = httpx.post(
             base + "/v1/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": prompt}]},
-            timeout=20,
+            timeout=HANG_GUARD,
         )
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] != "stop"
         access = err.wait_for(lambda line: '"path":"/v1/chat/completions"' in line)
@@ -322,22 +345,12 @@ def served(fake_upstream: FakeVLLM, request: pytest.FixtureRequest) -> Iterator[
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(base + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.05)
+        if not wait_healthy(base + "/health", alive=lambda: proc.poll() is None):
+            proc.kill()
+            pytest.fail(proc.communicate()[1].decode(errors="replace") or "did not start")
         yield base
     finally:
-        proc.terminate()
-        proc.wait(10)
-        if proc.stderr:
-            proc.stderr.close()
+        stop_process(proc)
 
 
 def test_serve_relays_to_the_upstream_given_on_the_command_line(
@@ -371,12 +384,12 @@ def test_serve_with_workers_removes_the_metrics_directory_it_made(
     )
     try:
         base = f"http://127.0.0.1:{port}"
-        assert wait_healthy(base + "/health", timeout=20, alive=lambda: proc.poll() is None)
+        assert wait_healthy(base + "/health", alive=lambda: proc.poll() is None)
         assert httpx.get(base + "/metrics").status_code == 200
         assert list(tmp.glob("coherence-guard-metrics-*"))
     finally:
-        proc.terminate()
-        assert proc.wait(15) == 0
+        code = stop_process(proc)
+    assert code == 0
     assert not list(tmp.glob("coherence-guard-metrics-*"))
 
 
@@ -395,7 +408,7 @@ def test_access_log_asked_for_is_written_at_warning_level(
     err = _Stderr(proc)
     base = f"http://127.0.0.1:{port}"
     try:
-        assert wait_healthy(base + "/health", timeout=30, alive=lambda: proc.poll() is None)
+        assert wait_healthy(base + "/health", alive=lambda: proc.poll() is None), err.text()
         line = err.wait_for(lambda line: "uvicorn.access" in line)
         assert '"GET /health HTTP/1.1" 200' in line
     finally:
@@ -436,7 +449,7 @@ def test_serve_with_one_worker_clears_a_previous_process_metrics_files(
     err = _Stderr(proc)
     base = f"http://127.0.0.1:{port}"
     try:
-        assert wait_healthy(base + "/health", timeout=30, alive=lambda: proc.poll() is None)
+        assert wait_healthy(base + "/health", alive=lambda: proc.poll() is None), err.text()
         body = httpx.get(base + "/metrics").text
     finally:
         _stop(proc, err)
@@ -476,9 +489,9 @@ def test_an_idle_client_connection_outlives_the_clients_own_pool_expiry(
     proc = _serve(["--port", str(port), "--upstream", fake_upstream.url], tmp_path)
     err = _Stderr(proc)
     try:
-        assert wait_healthy(f"http://127.0.0.1:{port}/health", timeout=30)
+        assert wait_healthy(f"http://127.0.0.1:{port}/health")
         body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        with socket.create_connection(("127.0.0.1", port), timeout=HANG_GUARD) as sock:
             sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
             first = b""
             while not first.endswith(b"}"):  # the whole answer: {"status":"ok"}

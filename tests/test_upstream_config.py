@@ -49,7 +49,7 @@ RAW = [
     (b"Connection", b"keep-alive, X-Private , x-other"),
     (b"x-private", b"1"),
     (b"X-Other", b"2"),
-    (b"Keep-Alive", b"timeout=5"),
+    (b"Keep-Alive", b"timeout=HANG_GUARD"),
     (b"Transfer-Encoding", b"chunked"),
     (b"Content-Length", b"3"),
     (b"Upgrade", b"h2c"),

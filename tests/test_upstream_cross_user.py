@@ -20,6 +20,7 @@ import httpx
 import orjson
 import pytest
 
+from tests.net import HANG_GUARD
 from tests.servers.engines import AiohttpEngine, UvicornEngine
 
 ProxyFactory = Callable[..., str]
@@ -52,8 +53,10 @@ def test_alternating_users_each_get_exactly_their_own_answer(
 ) -> None:
     base = proxy_server(upstream_url=uvicorn_engine.url, mode=mode)
     users = {
-        "alice": httpx.Client(base_url=base, headers={"expect": "100-continue"}, timeout=10),
-        "bob": httpx.Client(base_url=base, timeout=10),
+        "alice": httpx.Client(
+            base_url=base, headers={"expect": "100-continue"}, timeout=HANG_GUARD
+        ),
+        "bob": httpx.Client(base_url=base, timeout=HANG_GUARD),
     }
     try:
         for n in range(ROUNDS):
@@ -86,7 +89,7 @@ def test_expect_is_never_forwarded_upstream_on_any_route(
         "te": "trailers",
         "connection": "keep-alive, x-private",
         "x-private": "secret",
-        "keep-alive": "timeout=5",
+        "keep-alive": "timeout=HANG_GUARD",
         "x-kept": "yes",
     }
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -121,7 +124,7 @@ def test_aiohttp_engine_through_the_proxy(proxy_server: ProxyFactory) -> None:
     behind the proxy, both users alternating, streamed and not."""
     with AiohttpEngine() as engine:
         base = proxy_server(upstream_url=engine.url)
-        with httpx.Client(base_url=base, timeout=10) as http:
+        with httpx.Client(base_url=base, timeout=HANG_GUARD) as http:
             for n in range(50):
                 for stream in (False, True):
                     text = f"round {n} {stream} {uuid.uuid4().hex}"

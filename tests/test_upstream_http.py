@@ -11,6 +11,7 @@ import pytest
 
 from proxy.server.upstream_http import UpstreamClient, UpstreamFailure
 from tests.fakes.vllm import FakeVLLM, Script
+from tests.net import HANG_GUARD
 
 BODY = orjson.dumps({"model": "m", "prompt": "x", "stream": True})
 HEADERS = [(b"content-type", b"application/json")]
@@ -164,7 +165,7 @@ async def test_relay_times_out_and_reports_failures(fake_upstream: FakeVLLM) -> 
     await resp.aclose()
 
     fake_upstream.script = Script(texts=["a b c d e f g h"], chunk_delay=0.05, die_after=3)
-    up = client(fake_upstream.url, read_timeout=0.5)  # 0.05 s a read: never times out
+    up = client(fake_upstream.url, read_timeout=HANG_GUARD)  # not what this half is about
     resp = await up.post("/v1/completions", HEADERS, BODY)
     parts: list[bytes] = []
 

@@ -13,6 +13,7 @@ import httpx
 import pytest
 import trustme
 
+from tests.net import HANG_GUARD
 from tests.servers.engines import UvicornEngine
 
 ProxyFactory = Callable[..., str]
@@ -63,11 +64,11 @@ def mtls_engine(pems: dict[str, str]) -> Iterator[UvicornEngine]:
 
 def routes(base: str) -> tuple[int, int, int]:
     """Status of a guarded POST, a pass-through GET and /ready."""
-    guarded = httpx.post(base + "/v1/chat/completions", json=BODY, timeout=10)
+    guarded = httpx.post(base + "/v1/chat/completions", json=BODY, timeout=HANG_GUARD)
     if guarded.status_code == 200:
         assert guarded.json()["choices"][0]["message"]["content"] == "over tls"
-    passthrough = httpx.get(base + "/v1/models", timeout=10)
-    ready = httpx.get(base + "/ready", timeout=10)
+    passthrough = httpx.get(base + "/v1/models", timeout=HANG_GUARD)
+    ready = httpx.get(base + "/ready", timeout=HANG_GUARD)
     return guarded.status_code, passthrough.status_code, ready.status_code
 
 

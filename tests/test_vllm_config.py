@@ -12,6 +12,7 @@ import pytest
 from proxy.observability.metrics import Metrics
 from proxy.server.engine_watch import parse_cache_dtype, watch_upstream_config
 from tests.exposition_server import fixture, parse, serve_exposition, value
+from tests.net import HANG_GUARD
 
 INFO = "guard_upstream_kv_cache_dtype_info"
 SCRAPES = "guard_proxy_upstream_config_scrapes_total"
@@ -33,7 +34,7 @@ def test_parse_cache_dtype_from_real_exposition() -> None:
 
 
 async def wait_for(predicate: Callable[[], bool]) -> None:
-    deadline = asyncio.get_running_loop().time() + 5.0
+    deadline = asyncio.get_running_loop().time() + HANG_GUARD
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
         await asyncio.sleep(0.02)
@@ -123,5 +124,7 @@ async def test_interval_zero_disables_the_watcher() -> None:
     metrics = Metrics()
     with serve_exposition({"/metrics": fixture("vllm.txt")}) as upstream:
         async with httpx.AsyncClient() as client:
-            await asyncio.wait_for(watch_upstream_config(client, upstream.url, metrics, 0), 1)
+            await asyncio.wait_for(
+                watch_upstream_config(client, upstream.url, metrics, 0), HANG_GUARD
+            )
         assert upstream.hits == {}

@@ -20,7 +20,7 @@ from proxy.server.engine_watch import (
     watch_engine,
 )
 from tests.fakes.vllm import FakeVLLM, Script
-from tests.net import free_port
+from tests.net import HANG_GUARD, free_port
 
 LOGGER = "proxy.server.engine_watch"
 
@@ -151,7 +151,7 @@ async def test_watch_engine_sees_an_engine_that_starts_late(
             def said(text: str) -> bool:
                 return any(text in r.getMessage() for r in caplog.records if r.name == LOGGER)
 
-            deadline = asyncio.get_running_loop().time() + 5
+            deadline = asyncio.get_running_loop().time() + HANG_GUARD
             while not said("still does not answer"):
                 assert asyncio.get_running_loop().time() < deadline
                 await asyncio.sleep(0.02)

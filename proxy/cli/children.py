@@ -2,20 +2,31 @@
 
 The children run in their own session, so Ctrl-C in a terminal reaches the parent only and the
 parent stops them in order; :func:`sigterm_as_interrupt` makes SIGTERM (what ``timeout``,
-systemd, Kubernetes and CI send) take the same path, so no engine or guard outlives the command.
+systemd, Kubernetes and CI send) and SIGHUP (the terminal closed) take the same path, so no
+engine or guard outlives the command. A parent that cannot run its ``finally`` (SIGKILL, the
+OOM killer) is covered on Linux by the kernel: each child is started with
+``PR_SET_PDEATHSIG`` = SIGTERM, so it is told to stop when its parent dies, however it dies.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+#: prctl(2) option: the signal this process gets when its parent dies (linux/prctl.h).
+PR_SET_PDEATHSIG = 1
+#: What ends the demo like Ctrl-C does: ``timeout``/systemd/CI's SIGTERM, a closed terminal's
+#: SIGHUP.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 class DemoError(Exception):
@@ -79,6 +90,7 @@ def start_child(
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
             start_new_session=True,  # Ctrl-C reaches the demo only; it stops the children
+            preexec_fn=die_with_parent(),  # SIGKILL of the demo stops them too (Linux)
         )  # fmt: skip
     child = Child(name, url, proc, log_path)
     deadline = time.monotonic() + timeout
@@ -98,23 +110,52 @@ def start_child(
     raise DemoError(f"{name} not ready after {timeout:.0f} s; log: {log_path}")
 
 
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that asks the kernel to send the child SIGTERM when its parent dies
+    (``prctl(PR_SET_PDEATHSIG)``, Linux only; ``None`` elsewhere or without a C library).
+
+    The parent's ``finally`` stops the children on Ctrl-C, SIGTERM and SIGHUP; after SIGKILL
+    nothing of the parent runs, and children in their own session would be re-parented and run
+    on (the engine's memory, the guard's port). The request is made after the fork, before the
+    child's program starts; a parent that died before it was made is caught by the check of
+    ``getppid`` that follows. (The signal follows the parent *thread*: the children are started
+    from the main thread, which lives as long as the command.)"""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0 and os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised like Ctrl-C so that the same ``finally`` blocks stop the children."""
+    """SIGTERM or SIGHUP, raised like Ctrl-C so that the same ``finally`` blocks stop the
+    children."""
 
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Within: SIGTERM raises :class:`Terminated`. Why: the children run in their own session
-    (Ctrl-C in a terminal reaches the demo only), so nothing else stops them, and SIGTERM's
-    default action ends the process without running a single ``finally``. Once raised, further
-    SIGTERMs are ignored so that stopping the children runs to its end."""
+    """Within: SIGTERM and SIGHUP raise :class:`Terminated`. Why: the children run in their own
+    session (Ctrl-C in a terminal reaches the demo only, and a closed terminal's SIGHUP the
+    demo only), so nothing else stops them, and those signals' default action ends the process
+    without running a single ``finally``. Once raised, further stop signals are ignored so that
+    stopping the children runs to its end."""
 
     def handler(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
         raise Terminated
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)

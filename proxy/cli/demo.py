@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from proxy.cli.children import (
+    STOP_SIGNALS,
     Child,
     DemoError,
     Terminated,
@@ -288,11 +289,12 @@ def demo_stack(
 
 
 def _wait_for_interrupt() -> None:
-    """Block until Ctrl-C or SIGTERM. Both are handled here explicitly: a demo started in the
-    background inherits an ignored SIGINT, and Python then raises no KeyboardInterrupt."""
+    """Block until Ctrl-C, SIGTERM or SIGHUP (the terminal closed). They are handled here
+    explicitly: a demo started in the background inherits an ignored SIGINT, and Python then
+    raises no KeyboardInterrupt."""
     stop = threading.Event()
     handlers = {
-        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, *STOP_SIGNALS)
     }
     try:
         while not stop.wait(0.5):

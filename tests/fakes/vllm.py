@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 
 from proxy.server.engine_context import LOOKUP_USER_AGENT
+from tests.net import HANG_GUARD
 
 _TOKEN = re.compile(r"\s*\S+|\s+")
 
@@ -126,7 +127,7 @@ class FakeVLLM:
     def start(self) -> FakeVLLM:
         self._thread = threading.Thread(target=self._run, name="fake-vllm", daemon=True)
         self._thread.start()
-        if not self._ready.wait(10):
+        if not self._ready.wait(HANG_GUARD):
             raise RuntimeError("fake vLLM did not start")
         return self
 
@@ -149,7 +150,7 @@ class FakeVLLM:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         if self._thread is not None:
-            self._thread.join(10)
+            self._thread.join(HANG_GUARD)
 
     def __enter__(self) -> FakeVLLM:
         return self.start()
@@ -171,9 +172,10 @@ class FakeVLLM:
             self._loop.call_soon(done.set)
 
         self._loop.call_soon_threadsafe(drop)
-        done.wait(5)
+        done.wait(HANG_GUARD)
 
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = HANG_GUARD) -> bool:
+        """Poll until ``predicate()`` holds; ``timeout`` is a hang guard, not a margin."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if predicate():

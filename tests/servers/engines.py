@@ -20,6 +20,8 @@ import orjson
 import uvicorn
 from aiohttp import web
 
+from tests.net import HANG_GUARD
+
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -150,7 +152,7 @@ class UvicornEngine:
 
     def __enter__(self) -> UvicornEngine:
         self.thread.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + HANG_GUARD
         while not self.server.started:
             if time.monotonic() > deadline:
                 raise RuntimeError("uvicorn engine did not start")
@@ -159,7 +161,7 @@ class UvicornEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
-        self.thread.join(10)
+        self.thread.join(HANG_GUARD)
         self.sock.close()
 
 
@@ -209,11 +211,11 @@ class AiohttpEngine:
 
     def __enter__(self) -> AiohttpEngine:
         self.thread.start()
-        if not self._ready.wait(10):
+        if not self._ready.wait(HANG_GUARD):
             raise RuntimeError("aiohttp engine did not start")
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
-        self.thread.join(10)
+        self.thread.join(HANG_GUARD)

@@ -14,6 +14,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 
+from tests.net import HANG_GUARD
+
 
 class RawConn:
     def __init__(
@@ -168,11 +170,11 @@ class ThreadedRawServer:
 
     def __enter__(self) -> ThreadedRawServer:
         self._thread.start()
-        if not self._ready.wait(10):
+        if not self._ready.wait(HANG_GUARD):
             raise RuntimeError("raw server did not start")
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+        self._thread.join(HANG_GUARD)

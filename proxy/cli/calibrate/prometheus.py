@@ -50,13 +50,18 @@ def from_prometheus(
         generations = prom_vector(
             client, f"sum by (model) (increase(guard_completion_tokens_count[{window}]))"
         )
+        completions = prom_vector(
+            client,
+            f"sum by (model, le) (increase(guard_completion_tokens_bucket[{window}]))",
+        )
         finishes = prom_vector(
             client,
             f"sum by (model, finish_reason) (increase(guard_finish_reason_total[{window}]))",
         )
     summary = summarize_histograms(
-        aborts, by_signal, generations, finishes, quantile=quantile, margin=margin
-    )
+        aborts, by_signal, generations, finishes, quantile=quantile, margin=margin,
+        completions=completions,
+    )  # fmt: skip
     if models:
         summary["models"] = {m: v for m, v in summary["models"].items() if m in models}
     summary["source"] = {"prometheus": prometheus_url, "range": window}

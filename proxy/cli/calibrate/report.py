@@ -24,7 +24,9 @@ from proxy.cli.calibrate.stats import (
     Setting,
     best_setting,
     degeneration_rate,
+    healthy_buckets,
     histogram_quantile,
+    histogram_share_above,
     histogram_survival,
     positions,
     quantile,
@@ -128,7 +130,7 @@ def summarize(
                     "positions": positions(obs),
                     "signals": signal_counts(obs),
                     "survival": survival_curve(obs, max_tokens),
-                    "max_tokens_cap": recommend_cap(positions(obs), quantile, margin),
+                    **_cell_cap(obs, quantile, margin),
                     "best_setting": _cell_best(cell_settings[(task, language)]),
                 }
                 for (task, language), obs in sorted(cells.items())
@@ -155,6 +157,15 @@ def summarize(
             },
         }
     return {"kind": "calibration", "quantile": quantile, "margin": margin, "models": models}
+
+
+def _cell_cap(obs: list[Observation], quantile: float, margin: int) -> dict[str, Any]:
+    """A cell's cap, held to the budget the model's cap is held to: one that would cut more
+    than ``CAP_BUDGET`` of the cell's coherent answers is not recommended (``None``), and the
+    share it would cut is reported either way."""
+    cap = recommend_cap(positions(obs), quantile, margin)
+    cut = truncated_share(obs, cap) if cap is not None else 0.0
+    return {"max_tokens_cap": cap if cut <= CAP_BUDGET else None, "cap_cuts_coherent": cut}
 
 
 def _cell_best(by_setting: dict[Setting, list[Observation]]) -> dict[str, Any] | None:
@@ -205,9 +216,13 @@ def summarize_histograms(
     *,
     quantile: float,
     margin: int,
+    completions: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The recommendation from production: Prometheus instant vectors (``/api/v1/query``)."""
+    """The recommendation from production: Prometheus instant vectors (``/api/v1/query``).
+    ``completions`` (``guard_completion_tokens`` buckets by model) checks the cap against the
+    healthy answers' lengths: one that would cut more than ``CAP_BUDGET`` of them is refused."""
     buckets = _buckets(aborts)
+    lengths = _buckets(completions)
     totals = _by_model(generations)
     signals = _by_model(by_signal, "signal")
     finish = _by_model(finishes, "finish_reason")
@@ -218,13 +233,25 @@ def summarize_histograms(
         total = totals.get(model, 0.0)
         q = histogram_quantile(cumulative, quantile) if aborted > 0 else None
         cap = max(1, math.floor(q) - margin) if q is not None else None
+        healthy = healthy_buckets(lengths.get(model, []), cumulative)
+        cut = histogram_share_above(healthy, cap) if cap is not None else 0.0
         if cap is None:
             reason = "no aborts in the window: no cap to derive"
         else:
             reason = (
                 f"cap {cap} = the {quantile:g} quantile of {aborted:.0f} abort positions "
-                f"(~{q:.0f}, interpolated in the histogram's power-of-two buckets) minus {margin}"
+                f"(~{q:.0f}, interpolated in the histogram's power-of-two buckets) minus {margin}; "
+                f"it would cut ~{cut:.1%} of the healthy completions"
             )
+            if cut > CAP_BUDGET:
+                safe = histogram_quantile(healthy, 1 - CAP_BUDGET)
+                reason = (
+                    f"no cap recommended: {reason}, more than the {CAP_BUDGET:.0%} a cap may "
+                    f"cut (a cap of ~{safe:.0f} or more, the healthy completions' "
+                    f"{1 - CAP_BUDGET:.0%} quantile, would cut at most that); against the "
+                    "loops use GUARD_MODE=heal or a sampling setting (calibrate --url)"
+                )
+                cap = None
         models[model] = {
             "answers": round(total, 3),
             "degenerate": round(aborted, 3),
@@ -234,6 +261,7 @@ def summarize_histograms(
             "recommendation": {
                 "max_tokens_cap": cap,
                 "cap_reason": reason,
+                "truncates_coherent_share": cut,
                 "sampling": None,
                 "sampling_reason": "production metrics carry no sampling settings: run "
                 "calibrate --url to compare them",
@@ -369,7 +397,11 @@ def render_markdown(summary: dict[str, Any], plots: dict[str, list[str]]) -> str
                 "|---|---|---:|---|---|---:|---|",
             ]
             for cell in data["cells"]:
-                cap = cell["max_tokens_cap"]
+                cap = cell["max_tokens_cap"] or (
+                    f"- (would cut {cell['cap_cuts_coherent']:.0%})"
+                    if cell["cap_cuts_coherent"]
+                    else "-"
+                )
                 best = cell["best_setting"]
                 fix = (
                     f"repetition_penalty={best['repetition_penalty']:g} "
@@ -382,7 +414,7 @@ def render_markdown(summary: dict[str, Any], plots: dict[str, list[str]]) -> str
                     f"| {cell['task']} | {cell['language']} | "
                     f"{_share(cell['degenerate'], cell['answers'])} | "
                     f"{_positions_text(cell['positions'])} | "
-                    f"{_signals_text(cell['signals']) or '-'} | {cap if cap else '-'} | {fix} |"
+                    f"{_signals_text(cell['signals']) or '-'} | {cap} | {fix} |"
                 )
             lines += [
                 "",

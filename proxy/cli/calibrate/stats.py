@@ -189,3 +189,38 @@ def histogram_survival(
         for bound, count in sorted(abort_buckets)
         if not math.isinf(bound)
     ]
+
+
+def histogram_count_le(buckets: Sequence[tuple[float, float]], x: float) -> float:
+    """How many observations of the cumulative ``(le, count)`` buckets are ``<= x``, by linear
+    interpolation inside the bucket that holds ``x`` (the first bucket starting at 0), as
+    ``histogram_quantile`` reads them."""
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in sorted(buckets):
+        if x <= bound:
+            if math.isinf(bound):
+                return lower_count
+            return lower_count + (count - lower_count) * (x - lower_bound) / (bound - lower_bound)
+        lower_bound, lower_count = bound, count
+    return lower_count
+
+
+def healthy_buckets(
+    completions: Sequence[tuple[float, float]], aborts: Sequence[tuple[float, float]]
+) -> list[tuple[float, float]]:
+    """The completions that were not aborted, bucket by bucket: every generation's length
+    (``guard_completion_tokens``) less the aborted ones, whose length is where they were cut
+    (``guard_abort_position_tokens``, the same bucket bounds). An answer only observed as
+    degenerate (monitor mode) ran on past its verdict: it stays counted above that bucket, so
+    the healthy share above a cap is over-, never under-estimated."""
+    aborted = dict(aborts)
+    return [(le, max(0.0, count - aborted.get(le, 0.0))) for le, count in sorted(completions)]
+
+
+def histogram_share_above(buckets: Sequence[tuple[float, float]], cap: int) -> float:
+    """Share of the observations in cumulative ``buckets`` longer than ``cap`` (0 when empty)."""
+    ordered = sorted(buckets)
+    total = ordered[-1][1] if ordered else 0.0
+    if total <= 0:
+        return 0.0
+    return max(0.0, 1.0 - histogram_count_le(ordered, cap) / total)

@@ -27,6 +27,8 @@ from typing import Any
 
 import httpx
 
+from tests.net import HANG_GUARD
+
 HERE = Path(__file__).parent
 MODEL = "SmolLM2-135M-Instruct"
 THINK = "Here is my thought process:\n"
@@ -49,7 +51,7 @@ def conversation() -> list[dict[str, str]]:
 
 
 def record(base: str, path: str, body: dict[str, Any], name: str) -> None:
-    with httpx.stream("POST", base + path, json=body, timeout=300) as r:
+    with httpx.stream("POST", base + path, json=body, timeout=HANG_GUARD) as r:
         r.raise_for_status()
         data = r.read()
     (HERE / name).write_bytes(data)
