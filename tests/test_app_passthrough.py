@@ -63,7 +63,7 @@ class _Recording(Metrics):
     def render_infra(self) -> tuple[bytes, str]:
         return b"infra_metric 1\n", "text/plain; version=0.0.4; charset=utf-8"
 
-    def render_quality(self) -> tuple[bytes, str]:
+    def render_quality(self, accept: str = "") -> tuple[bytes, str]:
         return b"quality_metric 1\n", "text/plain; version=0.0.4; charset=utf-8"
 
 
