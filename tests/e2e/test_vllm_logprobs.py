@@ -123,12 +123,18 @@ def test_a_client_that_asked_for_logprobs_still_gets_them(
 def test_the_detector_receives_the_engines_logprobs(
     vllm_engine: Server, start_proxy: ProxyFactory, model_name: str
 ) -> None:
-    """The entropy signal sees a full window only when logprobs reach the detector."""
+    """The entropy signal sees a full window only when logprobs reach the detector.
+
+    The model's greedy answer repeats its paragraph with edits ("The pedals are connected to the
+    wheels by a gear system …" three times), which ``block-loop`` rightly observes before the
+    entropy window is full; a detector stops reading after its first verdict, so that signal is
+    off here: this test is about the logprobs reaching the detector."""
     body = {**CHAT, "model": model_name, "max_tokens": 320}
     body["messages"] = [{"role": "user", "content": "Explain how a bicycle works in detail."}]
 
     proxies = {
-        on: start_proxy(vllm_engine, request_logprobs=on, mode="monitor") for on in (False, True)
+        on: start_proxy(vllm_engine, request_logprobs=on, mode="monitor", block_loop=False)
+        for on in (False, True)
     }
     with ThreadPoolExecutor(2) as pool:  # side by side: the engine batches them
         list(pool.map(lambda p: raw_stream(p, "/v1/chat/completions", body), proxies.values()))
