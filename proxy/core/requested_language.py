@@ -170,20 +170,6 @@ def _lookup(clause: str, words: list[re.Match[str]], i: int, codes: dict[str, st
         if cyrillic or tail in _LATIN_TAILS:
             return _Name(start, end, codes[stem], True)
     return None
-    for prefix in _PREFIXES:
-        if word.startswith(prefix) and word[len(prefix) :] in codes:
-            return _Name(start + len(prefix), end, codes[word[len(prefix) :]], False)
-    cyrillic = "\u0400" <= word[0] <= "\u052f"
-    hangul = "\uac00" <= word[0] <= "\ud7af"
-    for cut in range(1, 5):
-        stem, tail = word[:-cut], word[-cut:]
-        if len(stem) < (2 if hangul else 5) or stem not in codes:
-            continue
-        if hangul:  # 영어로, 한국어로: the particle is the mark (see _AFTER)
-            return _Name(start, start + len(stem), codes[stem], False)
-        if cyrillic or tail in _LATIN_TAILS:
-            return _Name(start, end, codes[stem], True)
-    return None
 
 
 # Markers that make a mention an instruction about the answer's language: a preposition or
