@@ -87,6 +87,17 @@ def test_the_healthy_share_is_read_from_the_histograms_as_prometheus_does() -> N
     ]  # fmt: skip
 
 
+def test_extrapolation_fractions_are_no_healthy_answers() -> None:
+    """A short window's ``increase()`` of the same 4 aborted answers, as Prometheus returned it
+    for the two histograms (each series extrapolated by its own factor), and 2 healthy answers
+    of at most 64 tokens: a cap of 88 cuts none of them."""
+    completions = [(64.0, 2.0), (128.0, 6.1), (float("inf"), 6.1)]
+    aborts = [(64.0, 0.0), (128.0, 4.05), (float("inf"), 4.05)]
+    healthy = healthy_buckets(completions, aborts)
+    assert healthy == [(64.0, 2.0), (128.0, 2.0), (float("inf"), 2.0)]
+    assert histogram_share_above(healthy, 88) == 0.0
+
+
 def _record(task: str, tokens: int, at: int | None) -> dict[str, Any]:
     return {
         "model": MODEL, "task": task, "language": "en", "repetition_penalty": 1.0,

@@ -212,9 +212,17 @@ def healthy_buckets(
     (``guard_completion_tokens``) less the aborted ones, whose length is where they were cut
     (``guard_abort_position_tokens``, the same bucket bounds). An answer only observed as
     degenerate (monitor mode) ran on past its verdict: it stays counted above that bucket, so
-    the healthy share above a cap is over-, never under-estimated."""
-    aborted = dict(aborts)
-    return [(le, max(0.0, count - aborted.get(le, 0.0))) for le, count in sorted(completions)]
+    the healthy share above a cap is over-, never under-estimated.
+
+    Each bucket's count is rounded to whole answers first: ``increase()`` extrapolates every
+    series to the window's edges by its own factor (a bucket born at 0 differs from one born
+    at 3), so two estimates of the same aborted answers differ by a fraction, and that
+    fraction would pass for healthy answers above the cap. Answers are whole; where counts
+    are large the rounding changes nothing that matters."""
+    aborted = {le: round(count) for le, count in aborts}
+    return [
+        (le, float(max(0, round(count) - aborted.get(le, 0)))) for le, count in sorted(completions)
+    ]
 
 
 def histogram_share_above(buckets: Sequence[tuple[float, float]], cap: int) -> float:
