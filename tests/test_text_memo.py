@@ -81,3 +81,24 @@ def test_the_memo_keeps_digests_never_text_and_a_bounded_number() -> None:
     assert len(kept & set(again.digests())) == 7
     held = repr([(s.reading, s.language) for s in memo._entries.values()])
     assert "lighthouse" not in held
+
+
+def test_words_scored_before_are_not_searched_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A short prompt's words are scored against every word list once; the next prompt made of
+    the same words gets the same judgement from the cached scores."""
+    from proxy.detect import word_language as wl
+    from proxy.detect.language import classify_top, strip_noise
+
+    prompt = strip_noise("Wat is fotosynthese precies?")
+    top = classify_top(prompt, 5)
+    wl._word_scores.cache_clear()
+    searched: list[int] = []
+    real = wl.Frequencies.zipf_of
+    monkeypatch.setattr(
+        wl.Frequencies, "zipf_of", lambda self, h: searched.append(h) or real(self, h)
+    )
+    first = wl.identify_by_words(prompt, top)
+    cold = len(searched)
+    searched.clear()
+    assert wl.identify_by_words(prompt, top) == first
+    assert cold > 4 * len(wl._listed()) and len(searched) < cold / 10
