@@ -31,6 +31,7 @@ the phrase markers and verbs are written here. Pure and fast: a few dictionary l
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 from collections import OrderedDict
@@ -368,7 +369,7 @@ class TextMemo:
 
     Keyed by a 16-byte digest of the text, never the text (as :mod:`proxy.core.retries` keeps
     no prompt); at most ``size`` texts, the least recently used forgotten first. One per
-    process, used from the event loop's thread.
+    process, used from the event loop's thread (another thread at worst reads a text again).
     """
 
     __slots__ = ("_entries", "size")
@@ -392,11 +393,13 @@ class TextMemo:
         entries = self._entries
         found = entries.get(key)
         if found is not None:
-            entries.move_to_end(key)
+            with contextlib.suppress(KeyError):  # another thread forgot it meanwhile
+                entries.move_to_end(key)
             return found
         found = entries[key] = _Seen(read(text))
         if len(entries) > self.size:
-            entries.popitem(last=False)
+            with contextlib.suppress(KeyError):
+                entries.popitem(last=False)
         return found
 
     def language(self, text: str) -> str | None:
