@@ -55,6 +55,14 @@ _RUSSIAN_WORDS = frozenset(
 # Letters only Vietnamese uses among the languages people write to models in.
 _VIETNAMESE = re.compile(r"[\u1ea0-\u1ef9ơưƠƯ]")
 _ACCENTED = re.compile(r"[^\W\da-zA-Z_]")
+#: Any letter of the scripts above: a prompt with none of them (most are Latin-script) skips
+#: their counts, which could only come out zero.
+_SCRIPTED = re.compile(
+    "["
+    + "".join(cls for cls, _ in _SCRIPT_LANGUAGE)
+    + "".join(p.pattern[1:-1] for p in (_HAN, _ARABIC, _DEVANAGARI, _CYRILLIC))
+    + "]"
+)
 
 #: Languages identification splits; scored as one, named by the first (the one far more
 #: people write to a model in).
@@ -80,7 +88,22 @@ def prompt_language(text: str) -> str | None:
     letters = _LETTER.findall(clean)
     if not letters:
         return None
-    total = len(letters)
+    if _SCRIPTED.search(clean) is not None:
+        code = _scripted(clean, len(letters))
+        if code is not _LATIN:
+            return code
+    if _VIETNAMESE.search(clean) and len(_ACCENTED.findall(clean)) >= 2:
+        return "vi"
+    return _identified(clean, None, words=True)
+
+
+#: :func:`_scripted`'s answer when no script decided: go on as for Latin script.
+_LATIN = "latin"
+
+
+def _scripted(clean: str, total: int) -> str | None:
+    """The language of a text with letters of a script that names it (or needs its own
+    identification), :data:`_LATIN` when none of them holds enough of the text."""
     for pattern, code in _SCRIPT_RES:
         count = len(pattern.findall(clean))
         if count >= 2 and 2 * count >= total * (0.3 if code == "ja" else 1.0):
@@ -105,9 +128,7 @@ def prompt_language(text: str) -> str | None:
         if ukrainian != russian:
             return "uk" if ukrainian else "ru"
         return _identified(clean, None)
-    if _VIETNAMESE.search(clean) and len(_ACCENTED.findall(clean)) >= 2:
-        return "vi"
-    return _identified(clean, None, words=True)
+    return _LATIN
 
 
 def _identified(clean: str, within: set[str] | None, *, words: bool = False) -> str | None:
@@ -116,6 +137,8 @@ def _identified(clean: str, within: set[str] | None, *, words: bool = False) -> 
     :mod:`proxy.detect.word_language`."""
     from proxy.detect.language import classify_top
 
+    if not words and len(clean) < _MIN_CHARS:
+        return None  # too short for fastText's answer, and no words to judge instead
     top = classify_top(clean, _CANDIDATES)
     scores: dict[str, float] = {}
     for code, prob in top[:3]:

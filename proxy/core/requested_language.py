@@ -31,7 +31,10 @@ the phrase markers and verbs are written here. Pure and fast: a few dictionary l
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import re
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
@@ -344,15 +347,84 @@ def explicit_requests(text: str) -> set[str]:
     return {"*"} if reading.untargeted else set(reading.asked)
 
 
+class _Seen:
+    """One text's entry in :class:`TextMemo`: its reading, and its language once asked."""
+
+    __slots__ = ("identified", "language", "reading")
+
+    def __init__(self, reading: Reading) -> None:
+        self.reading = reading
+        self.identified = False
+        self.language: str | None = None
+
+
+class TextMemo:
+    """What :func:`read` and :func:`prompt_language` said of texts seen a moment ago.
+
+    Why: both run on every guarded request (tens of µs for a short prompt, hundreds for a long
+    system prompt: most of a request's own set-up), and the same texts come back again and
+    again — a deployment's system prompt with every request, an agent's last user turn with
+    every step of its tool loop. Both are pure (fixed rules, a fixed language model), so a text
+    read before is answered from here exactly as reading it again would answer.
+
+    Keyed by a 16-byte digest of the text, never the text (as :mod:`proxy.core.retries` keeps
+    no prompt); at most ``size`` texts, the least recently used forgotten first. One per
+    process, used from the event loop's thread (another thread at worst reads a text again).
+    """
+
+    __slots__ = ("_entries", "size")
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._entries: OrderedDict[bytes, _Seen] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def digests(self) -> list[bytes]:
+        return list(self._entries)
+
+    def seen(self, text: str) -> _Seen:
+        """The entry of ``text``, read now when it is new."""
+        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        entries = self._entries
+        found = entries.get(key)
+        if found is not None:
+            with contextlib.suppress(KeyError):  # another thread forgot it meanwhile
+                entries.move_to_end(key)
+            return found
+        found = entries[key] = _Seen(read(text))
+        if len(entries) > self.size:
+            with contextlib.suppress(KeyError):
+                entries.popitem(last=False)
+        return found
+
+    def language(self, text: str) -> str | None:
+        """:func:`prompt_language` of ``text``."""
+        found = self.seen(text)
+        if not found.identified:
+            found.language = prompt_language(text)
+            found.identified = True
+        return found.language
+
+
+#: The process's memo of request texts (see :class:`TextMemo`).
+MEMO = TextMemo()
+
+
 def derive(instructions: Iterable[str], last_user: str, *, use_prompt: bool = True) -> Expectation:
     """The expectation from a request's texts: ``instructions`` (system/developer text) and the
-    ``last_user`` turn; the prompt's language only when ``use_prompt``."""
+    ``last_user`` turn; the prompt's language only when ``use_prompt``. Texts read a moment ago
+    are answered from :data:`MEMO`."""
     asked: set[str] = set()
     named: set[str] = set()
     untargeted = False
     for text in [*instructions, last_user]:
         if text:
-            reading = read(text)
+            reading = MEMO.seen(text).reading
             asked |= reading.asked
             named |= reading.named
             untargeted = untargeted or reading.untargeted
@@ -366,7 +438,7 @@ def derive(instructions: Iterable[str], last_user: str, *, use_prompt: bool = Tr
         return Expectation(None, "none", "translation")
     if not use_prompt:
         return Expectation(None, "none", "off")
-    code = prompt_language(last_user)
+    code = MEMO.language(last_user) if last_user else prompt_language(last_user)
     if code is None:
         return NONE
     others = named - {code}

@@ -95,7 +95,10 @@ class Frequencies:
 
     def zipf(self, word: str) -> float:
         """log10 of the word's frequency per 10⁹ words (wordfreq's Zipf scale), or the floor."""
-        h = hash(word)
+        return self.zipf_of(hash(word))
+
+    def zipf_of(self, h: int) -> float:
+        """:meth:`zipf` of the word whose hash is ``h``."""
         i = bisect_left(self.hashes, h)
         if i == len(self.hashes) or self.hashes[i] != h:
             return FLOOR
@@ -127,6 +130,22 @@ def load_all() -> None:
 def _lists(code: str) -> list[Frequencies]:
     found = [frequencies(name) for name in _LIST_NAMES.get(code, (code,))]
     return [f for f in found if f is not None]
+
+
+@functools.cache
+def _listed() -> dict[str, list[Frequencies]]:
+    """Every listed language that has a list, in code order, with its lists."""
+    return {code: lists for code in sorted(LISTED) if (lists := _lists(code))}
+
+
+@functools.lru_cache(maxsize=4096)
+def _word_scores(h: int) -> tuple[float, ...]:
+    """The Zipf value of the word whose hash is ``h`` in each language of :func:`_listed` (its
+    best list), in that order. Why cached: each value is a binary search in each of 27 lists,
+    most of a short prompt's judgement (0.2 to 0.5 ms), and prompts are made of the same common
+    words again and again. Keyed by the word's hash, as the lists themselves are; at most 4,096
+    words (250 to 900 bytes each: at most about 3.5 MB)."""
+    return tuple(max(f.zipf_of(h) for f in lists) for lists in _listed().values())
 
 
 def prompt_words(clean: str) -> list[str]:
@@ -163,12 +182,12 @@ def identify_by_words(clean: str, candidates: Sequence[tuple[str, float]]) -> st
     # The words are judged against every listed language, not only fastText's shortlist: on a
     # few words its shortlist can miss the language altogether ("Vem var …?" is Swedish;
     # fastText offered Malay, Serbian, Norwegian, Albanian).
-    listed = {code: lists for code in sorted(LISTED) if (lists := _lists(code))}
+    listed = _listed()
     lexical = dict.fromkeys(listed, 0.0)
     for word in words:
-        scores = {code: max(f.zipf(word) for f in lists) for code, lists in listed.items()}
-        best = max(scores.values())
-        for code, score in scores.items():
+        scores = _word_scores(hash(word))
+        best = max(scores)
+        for code, score in zip(listed, scores, strict=True):
             lexical[code] += max(score - best, -CLIP)
     ranked = sorted(lexical, key=lexical.__getitem__, reverse=True)
     choice, runner_up = ranked[0], ranked[1]

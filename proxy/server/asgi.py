@@ -39,6 +39,9 @@ JSON_HEADERS = [(b"content-type", b"application/json")]
 #: id middleware: x-request-id, which an engine may echo).
 _OWN_HEADERS = frozenset({"date", "server", "x-request-id"})
 _LOCATIONS = frozenset({b"location", b"content-location"})
+#: Engine response headers never relayed, with and without its ``Content-Length``.
+_SKIP_KEEP_LENGTH = (upstream.HOP_BY_HOP - {"content-length"}) | _OWN_HEADERS
+_SKIP = _SKIP_KEEP_LENGTH | {"content-length"}
 
 
 class ClientGone(Exception):
@@ -206,9 +209,7 @@ def response_headers(
     ``Location``/``Content-Location`` naming the engine made relative (see
     :func:`proxy.server.paths.relative_location`)."""
     pairs = raw if isinstance(raw, list) else list(raw)
-    skip = (upstream.HOP_BY_HOP - {"content-length"}) | _OWN_HEADERS
-    if not keep_length:
-        skip = skip | {"content-length"}
+    skip = _SKIP_KEEP_LENGTH if keep_length else _SKIP
     for k, v in pairs:
         if k.lower() == b"connection":
             skip = skip | {t.strip().lower() for t in v.decode("latin-1").split(",") if t.strip()}

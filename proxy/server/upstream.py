@@ -24,6 +24,7 @@ cache (a proxy that merely stops reading leaves the GPU generating).
 
 from __future__ import annotations
 
+import functools
 import logging
 import ssl
 from collections.abc import Iterable
@@ -138,11 +139,18 @@ def forward_headers(
     """Headers minus hop-by-hop ones, minus those the ``Connection`` header names, minus
     ``drop``. Used for requests on every route (guarded and pass-through)."""
     pairs = list(raw)
-    skip = HOP_BY_HOP | {d.lower() for d in drop}
+    skip = _skipped(drop if isinstance(drop, tuple) else tuple(drop))
     for name, value in pairs:
         if name.lower() == b"connection":
             skip |= {t.strip().lower() for t in value.decode("latin-1").split(",") if t.strip()}
     return [(k, v) for k, v in pairs if k.decode("latin-1").lower() not in skip]
+
+
+@functools.lru_cache(maxsize=64)
+def _skipped(drop: tuple[str, ...]) -> frozenset[str]:
+    """The header names never forwarded with ``drop``: built once per call site (each passes
+    the same few names on every request), not once per request."""
+    return HOP_BY_HOP | {d.lower() for d in drop}
 
 
 def build_ssl_context(
