@@ -396,6 +396,16 @@ HAND: dict[str, tuple[str, str]] = {
         "expression, expression",
         "a flood of one word inside a line (the rule reads lines, so it found a late onset)",
     ),
+    "blockloop-cp-string-n09": (
+        "This is the maximum substring that can be constructed using both",
+        "one sentence that never ends: 'that can be constructed/formed using the (max) number of "
+        "characters' nested to the token limit (no unit boundary for the rules)",
+    ),
+    "blockloop-math-prob-n09": (
+        "However, when you double-counted, you actually",
+        "circular commentary: 'if you double-counting, you double-count the probability of "
+        "getting …' restated in new words to the token limit",
+    ),
 }
 
 
