@@ -206,11 +206,12 @@ def generate(
         "penalty-stop": (PENALTY_PROMPTS, PENALTY_STOP_SETTINGS),
     }[round_name]
     names = list(settings)
-    jobs = [
-        (f"blockloop-{pid}-{names[(i + round_) % len(names)]}", pid, names[(i + round_) % len(names)])
+    picks = [
+        (pid, names[(i + round_) % len(names)])
         for round_ in range(len(names))
         for i, pid in enumerate(prompts)
     ]
+    jobs = [(f"blockloop-{pid}-{name}", pid, name) for pid, name in picks]
     done = {row["id"] for row in _raw_rows()}
     todo = [job for job in jobs if job[0] not in done]
     print(f"{len(jobs)} jobs, {len(done)} done, {len(todo)} to run", flush=True)
@@ -401,6 +402,11 @@ HAND: dict[str, tuple[str, str]] = {
         "one sentence that never ends: 'that can be constructed/formed using the (max) number of "
         "characters' nested to the token limit (no unit boundary for the rules)",
     ),
+    "blockloop-cp-bits-n09": (
+        "The original one-to-one solution has a space complexity",
+        "circular commentary: 'it has been added to a one-to-one solution, so it has been "
+        "added …' restated in shifting words to the token limit",
+    ),
     "blockloop-math-prob-n09": (
         "However, when you double-counted, you actually",
         "circular commentary: 'if you double-counting, you double-count the probability of "
@@ -442,10 +448,9 @@ def label() -> None:
     for row in rows:
         onset = onset_of(row["text"])
         rule = "onset_of (BLOCKLOOPS.md)"
-        if onset is None and row["finish_reason"] == "length":
-            # a runaway: its loop may change its words
-            if (onset := paraphrase_onset_of(row["text"])) is not None:
-                rule = "paraphrase_onset_of (BLOCKLOOPS.md)"
+        runaway = row["finish_reason"] == "length"  # its loop may change its words
+        if onset is None and runaway and (onset := paraphrase_onset_of(row["text"])) is not None:
+            rule = "paraphrase_onset_of (BLOCKLOOPS.md)"
         if row["id"] in HAND:
             onset, rule = row["text"].index(HAND[row["id"]][0]), "by hand: " + HAND[row["id"]][1]
         if onset is not None and row["finish_reason"] == "length":
