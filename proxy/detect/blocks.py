@@ -136,10 +136,10 @@ class BlockLoop:
         self._partial = ""
         self._partial_start = 0
         self._index = 0
-        # shingle or word hash -> index of the last unit that held it, for the recent units
+        # shingle hash or word -> index of the last unit that held it, for the recent units
         # and the generation before them
-        self._recent: dict[int, int] = {}
-        self._older: dict[int, int] = {}
+        self._recent: dict[int | str, int] = {}
+        self._older: dict[int | str, int] = {}
         # start offsets of the recent units
         self._starts: deque[int] = deque(maxlen=HISTORY_UNITS + 1)
         # the current run: its recent units' (lag, words), and totals over all of it
