@@ -43,6 +43,11 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from blockloops_prompts import (  # noqa: E402
+    PENALTY_PROMPTS,
+    PENALTY_SETTINGS,
+    PENALTY_STOP_SETTINGS,
+)
 from build_realgen import _manifest  # noqa: E402
 
 RAW = HERE / "blockloops-raw.jsonl"
@@ -197,16 +202,17 @@ def generate(
         "long": (LONG_PROMPTS, LONG_SETTINGS),
         "openings": (OPENINGS, OPENING_SETTINGS),
         "runaway": (RUNAWAY_PROMPTS, RUNAWAY_SETTINGS),
+        "penalty": (PENALTY_PROMPTS, PENALTY_SETTINGS),
+        "penalty-stop": (PENALTY_PROMPTS, PENALTY_STOP_SETTINGS),
     }[round_name]
     names = list(settings)
-    jobs = [
-        (f"blockloop-{pid}-{names[(i + round_) % 3]}", pid, names[(i + round_) % 3])
+    picks = [
+        (pid, names[(i + round_) % len(names)])
         for round_ in range(len(names))
         for i, pid in enumerate(prompts)
     ]
-    done = set()
-    if RAW.exists():
-        done = {json.loads(line)["id"] for line in RAW.open(encoding="utf-8") if line.strip()}
+    jobs = [(f"blockloop-{pid}-{name}", pid, name) for pid, name in picks]
+    done = {row["id"] for row in _raw_rows()}
     todo = [job for job in jobs if job[0] not in done]
     print(f"{len(jobs)} jobs, {len(done)} done, {len(todo)} to run", flush=True)
     if not todo:
@@ -251,8 +257,15 @@ def generate(
 
 
 def _generate_one(client: Any, key: str, pid: str, setting: str, max_tokens: int) -> dict[str, Any]:
-    prompt = {**PROMPTS, **LONG_PROMPTS, **OPENINGS}[pid]
-    sampling = {**SETTINGS, **LONG_SETTINGS, **OPENING_SETTINGS, **RUNAWAY_SETTINGS}[setting]
+    prompt = {**PROMPTS, **LONG_PROMPTS, **OPENINGS, **PENALTY_PROMPTS}[pid]
+    sampling = {
+        **SETTINGS,
+        **LONG_SETTINGS,
+        **OPENING_SETTINGS,
+        **RUNAWAY_SETTINGS,
+        **PENALTY_SETTINGS,
+        **PENALTY_STOP_SETTINGS,
+    }[setting]
     body: dict[str, Any] = {
         "model": _manifest()["served_model_name"],
         "max_tokens": max_tokens,
@@ -306,20 +319,19 @@ def normalise(unit: str) -> str:
     return " ".join(text.split())
 
 
-def onset_of(text: str) -> int | None:
-    """The rule: units are lines, and sentences inside lines; a unit is *contentful* when it
-    holds 3 words of 2+ letters; it *recurs* when its normalised form equals that of one of the
-    next K units. The onset is the first character of the first contentful unit that recurs
-    and opens a window of W contentful units of which >= 75 % recur, such that every later
-    window of W contentful units keeps >= 50 % recurring to the end of the answer. None: no such
-    unit."""
-    units = [
+def _units(text: str) -> list[tuple[int, str]]:
+    """The contentful units (start, normalised form): lines, and sentences inside lines, that
+    hold 3 words of 2+ letters."""
+    return [
         (m.start(), normalise(m.group()))
         for m in _UNIT.finditer(text)
         if len(_WORD.findall(m.group())) >= 3
     ]
-    forms = [u[1] for u in units]
-    recurs = [forms[i] in forms[i + 1 : i + 1 + K] for i in range(len(forms))]
+
+
+def _loop_start(units: list[tuple[int, str]], recurs: list[bool]) -> int | None:
+    """The first recurring unit that opens a window of W units of which >= 75 % recur, such
+    that every later window keeps >= 50 % recurring to the end of the answer."""
     n = len(units)
     if n < W:
         return None
@@ -334,6 +346,37 @@ def onset_of(text: str) -> int | None:
         if recurs[i] and share[i] >= OPEN_SHARE and keep[i]:
             return units[i][0]
     return None
+
+
+def onset_of(text: str) -> int | None:
+    """The rule: units are lines, and sentences inside lines; a unit is *contentful* when it
+    holds 3 words of 2+ letters; it *recurs* when its normalised form equals that of one of the
+    next K units. The onset is the first character of the first contentful unit that recurs
+    and opens a window of W contentful units of which >= 75 % recur, such that every later
+    window of W contentful units keeps >= 50 % recurring to the end of the answer. None: no such
+    unit."""
+    units = _units(text)
+    forms = [u[1] for u in units]
+    recurs = [forms[i] in forms[i + 1 : i + 1 + K] for i in range(len(forms))]
+    return _loop_start(units, recurs)
+
+
+#: Word-set overlap (Jaccard) at which a unit restates another (the paraphrase rule).
+RESTATES = 0.5
+
+
+def paraphrase_onset_of(text: str) -> int | None:
+    """The paraphrase rule, for loops that change their words (applied where :func:`onset_of`
+    finds nothing): the same units, windows and shares, but a unit *recurs* when the set of its
+    words (2+ letters, normalised) shares >= 50 % of the union (Jaccard) with that of one of
+    the next K units: a restatement with a few words changed, added or dropped."""
+    units = _units(text)
+    sets = [set(_WORD.findall(form)) for _, form in units]
+    recurs = [
+        any(len(a & b) >= RESTATES * len(a | b) for b in sets[i + 1 : i + 1 + K])
+        for i, a in enumerate(sets)
+    ]
+    return _loop_start(units, recurs)
 
 
 #: Onsets marked by hand (the first occurrence of the marker), where the rule finds none or a
@@ -354,6 +397,21 @@ HAND: dict[str, tuple[str, str]] = {
         "expression, expression",
         "a flood of one word inside a line (the rule reads lines, so it found a late onset)",
     ),
+    "blockloop-cp-string-n09": (
+        "This is the maximum substring that can be constructed using both",
+        "one sentence that never ends: 'that can be constructed/formed using the (max) number of "
+        "characters' nested to the token limit (no unit boundary for the rules)",
+    ),
+    "blockloop-cp-bits-n09": (
+        "The original one-to-one solution has a space complexity",
+        "circular commentary: 'it has been added to a one-to-one solution, so it has been "
+        "added …' restated in shifting words to the token limit",
+    ),
+    "blockloop-math-prob-n09": (
+        "However, when you double-counted, you actually",
+        "circular commentary: 'if you double-counting, you double-count the probability of "
+        "getting …' restated in new words to the token limit",
+    ),
 }
 
 
@@ -362,14 +420,37 @@ def split_of(key: str) -> str:
     return "held-out" if hashlib.sha256(key.encode()).digest()[0] % 3 == 0 else "dev"
 
 
+#: Fields ``label`` adds to a raw answer.
+LABEL_FIELDS = ("label", "degen_type", "onset_char", "kind", "lang", "split", "label_rule")
+
+
+def _raw_rows() -> list[dict[str, Any]]:
+    """The raw answers: ``blockloops-raw.jsonl`` where it has them, else the committed set's
+    rows without their labels (the raw file is not in git; the set keeps every answer)."""
+    rows: dict[str, dict[str, Any]] = {}
+    if OUT.exists():
+        with gzip.open(OUT, "rt", encoding="utf-8") as fh:
+            for line in fh:
+                row = json.loads(line)
+                rows[row["id"]] = {k: v for k, v in row.items() if k not in LABEL_FIELDS}
+    if RAW.exists():
+        for line in RAW.open(encoding="utf-8"):
+            if line.strip():
+                row = json.loads(line)
+                rows[row["id"]] = row
+    return sorted(rows.values(), key=lambda r: r["id"])
+
+
 def label() -> None:
-    rows = [json.loads(line) for line in RAW.open(encoding="utf-8") if line.strip()]
-    rows.sort(key=lambda r: r["id"])
+    rows = _raw_rows()
     buf = bytearray()
     counts: dict[str, int] = {}
     for row in rows:
         onset = onset_of(row["text"])
         rule = "onset_of (BLOCKLOOPS.md)"
+        runaway = row["finish_reason"] == "length"  # its loop may change its words
+        if onset is None and runaway and (onset := paraphrase_onset_of(row["text"])) is not None:
+            rule = "paraphrase_onset_of (BLOCKLOOPS.md)"
         if row["id"] in HAND:
             onset, rule = row["text"].index(HAND[row["id"]][0]), "by hand: " + HAND[row["id"]][1]
         if onset is not None and row["finish_reason"] == "length":
@@ -436,7 +517,11 @@ def main() -> int:
     gen.add_argument("--parallel", type=int, default=4)
     gen.add_argument("--budget", type=float, default=1200.0, help="seconds")
     gen.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
-    gen.add_argument("--round", default="chat", choices=("chat", "long", "openings", "runaway"))
+    gen.add_argument(
+        "--round",
+        default="chat",
+        choices=("chat", "long", "openings", "runaway", "penalty", "penalty-stop"),
+    )
     sub.add_parser("label")
     meas = sub.add_parser("measure")
     meas.add_argument("--no-block-loop", action="store_true", help="the detector without it")

@@ -22,7 +22,9 @@ name, string or word on every line, and lines without words (rows of numbers) ne
 
 Restart markers ("Wait,", "Let me re-examine", "this is getting confusing") are counted in the
 run: a reasoning that restarts and walks the same steps again makes no progress, so a run
-holding :data:`RESTART_MARKERS` of them needs one copy less.
+holding :data:`RESTART_MARKERS` of them needs one copy less. So does a run whose period is a
+long block (:data:`LONG_BLOCK_WORDS`) that brings next to no new word: a paragraph restated
+with edits a third time (the repeated summary of a runaway answer) is a loop, not a list.
 
 Incremental: :meth:`BlockLoop.update` takes the text of one check; each completed unit costs a
 regular expression and a few set and dict operations, and memory is bounded by the history.
@@ -54,11 +56,19 @@ MAX_NEW_WORDS = 0.03
 RECENT_LAGS = 8
 #: Restart markers in a run that lower the copies it needs by one.
 RESTART_MARKERS = 2
+#: Words a period must hold, and the share of new words the run may bring at most, for the run
+#: to need one copy less: a block of 40 words that comes back a third time with next to no
+#: new word is not a list (lists name a new thing in every item), and healthy text restates a
+#: block once (two copies).
+LONG_BLOCK_WORDS = 40
+LONG_BLOCK_MAX_NEW_WORDS = 0.01
 
 # A unit ends at a line break, or after a sentence end followed by space.
 _SPLIT = re.compile(r"\n|(?<=[.!?。！？])\s+")
 _DIGITS = re.compile(r"\d+")
 _TOKEN = re.compile(r"\w+")
+# One operator character twice in the unit: only then can it hold a run of one operator.
+_OPERATOR_TWICE = re.compile(r"([-+*/%^&|]).*?\1", re.DOTALL)
 # One operand and operator repeated (``b * b * b``): keep one step and the last operand.
 _OPERATOR_RUN = re.compile(r"(\b(\w+)\s*([-+*/%^&|]{1,2})\s*)(?:\2\s*\3\s*)+(?=\2\b)")
 _RESTART = re.compile(
@@ -93,7 +103,7 @@ def masked_tokens(unit: str) -> list[str]:
     operator collapsed (``b * b * b * b`` -> ``b * b``): a growing expression is the same step
     written more times."""
     text = _DIGITS.sub("0", unit[: 4 * MAX_TOKENS].lower())
-    if any(text.count(op) > 1 for op in "*+-/|&^%"):
+    if _OPERATOR_TWICE.search(text):
         text = _OPERATOR_RUN.sub(r"\1", text)
     return _TOKEN.findall(text)[:MAX_TOKENS]
 
@@ -126,10 +136,10 @@ class BlockLoop:
         self._partial = ""
         self._partial_start = 0
         self._index = 0
-        # shingle or word hash -> index of the last unit that held it, for the recent units
+        # shingle hash or word -> index of the last unit that held it, for the recent units
         # and the generation before them
-        self._recent: dict[int, int] = {}
-        self._older: dict[int, int] = {}
+        self._recent: dict[int | str, int] = {}
+        self._older: dict[int | str, int] = {}
         # start offsets of the recent units
         self._starts: deque[int] = deque(maxlen=HISTORY_UNITS + 1)
         # the current run: its recent units' (lag, words), and totals over all of it
@@ -164,7 +174,8 @@ class BlockLoop:
         if len(piece) < 4:
             return None  # too short to hold content (a brace, a bullet, a list number)
         tokens = masked_tokens(piece)
-        words = {t for t in tokens if not t.isdigit()}  # numbers are masked to 0
+        words = set(tokens)
+        words.discard("0")  # numbers are masked to 0
         if not words:
             return None  # a row of numbers and signs: neither content nor a break
         grams = shingles(tokens)
@@ -177,10 +188,10 @@ class BlockLoop:
         known += [i for g in grams if g not in recent and (i := older.get(g)) is not None]
         total = len(grams)
         fresh = total - len(known)
-        keys = {hash((w,)) for w in words}  # a word is a shingle of one: the vocabulary
-        new_words = sum(1 for k in keys if k not in recent and k not in older)
+        # The vocabulary shares the dictionaries: words are strings, shingles integers.
+        new_words = sum(1 for w in words if w not in recent and w not in older)
         recent.update(dict.fromkeys(grams, index))
-        recent.update(dict.fromkeys(keys, index))
+        recent.update(dict.fromkeys(words, index))
         if index % (HISTORY_UNITS // 2) == 0:
             self._older, self._recent = recent, {}
         self._starts.append(start)
@@ -224,8 +235,13 @@ class BlockLoop:
             return None
         period = self._period = max(1, lags[len(lags) // 2])
         copies = (self._run_units + period) / period
-        need = self.min_copies - (1.0 if self._restarts >= RESTART_MARKERS else 0.0)
-        if copies < need or sum(u[1] for u in list(self._run)[-period:]) < MIN_BLOCK_WORDS:
+        block_words = sum(u[1] for u in list(self._run)[-period:])
+        fewer = self._restarts >= RESTART_MARKERS or (
+            block_words >= LONG_BLOCK_WORDS
+            and self._run_new_words <= LONG_BLOCK_MAX_NEW_WORDS * self._run_words
+        )
+        need = self.min_copies - (1.0 if fewer else 0.0)
+        if copies < need or block_words < MIN_BLOCK_WORDS:
             return None
         # The loop began with its first copy, one period before the run.
         first = len(self._starts) - self._run_units - period
