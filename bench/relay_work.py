@@ -37,10 +37,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
+#: ``--installed``: the proxy installed in this environment (a compiled wheel, see
+#: ``bench/compiled_work.sh``) rather than this checkout's sources; the checkout still gives
+#: ``bench`` and ``tests``.
+INSTALLED = "--installed" in sys.argv
+if INSTALLED:
+    sys.path.append(str(ROOT))
+elif str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.bench_surfaces import healthy_texts  # noqa: E402
+from bench.mypyc.modules import MODULES, compiled_count  # noqa: E402
 from bench.null_detector import NullDetector  # noqa: E402
 from proxy.core.guard import GuardPolicy, StreamGuard  # noqa: E402
 from proxy.core.records import Endpoint, GenerationRecord  # noqa: E402
@@ -137,6 +144,7 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, default=ROOT / "tests" / "data" / "corpus.jsonl")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--callgrind", action="store_true", help="count only the work (see above)")
+    ap.add_argument("--installed", action="store_true", help="the installed proxy (see above)")
     args = ap.parse_args()
     toggle = callgrind_toggle() if args.callgrind else (lambda: None)
     texts = healthy_texts(args.corpus, min(64, args.streams))
@@ -169,6 +177,7 @@ def main() -> None:
         f"{','.join(surfaces)} detector={args.detector} streams={args.streams} "
         f"events/rep={events} reps={args.reps}: {cpu / (events * args.reps) * 1e6:.2f} µs/event"
     )
+    print(f"compiled modules: {compiled_count()} of {len(MODULES)}")
     if prof is not None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(30)
 

@@ -50,7 +50,9 @@ _TEXT = rb'"([^"\\\x00-\x1f]*(?:\\.[^"\\\x00-\x1f]*)*)"'
 #: The pieces of those patterns, for the surfaces' own byte-level paths: a JSON string of printable
 #: ASCII without escapes, a JSON integer ``orjson`` reads as the same int, a JSON string whose body
 #: is captured (escapes allowed, no control characters, so no line end).
-JSON_STR, JSON_INT, JSON_TEXT = _STR, _INT, _TEXT
+JSON_STR: bytes = _STR
+JSON_INT: bytes = _INT
+JSON_TEXT: bytes = _TEXT
 _FAST_RE = re.compile(
     rb"data: \{(?:\"(?:id|object|model|system_fingerprint)\":"
     + _STR

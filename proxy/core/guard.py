@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from types import MethodType
 from typing import Any
 
 import orjson
@@ -52,6 +51,8 @@ ChoiceState = BlockState
 #: ``pos`` and where it ends, the same state changes as parsing it; or ``None``, having touched
 #: nothing, when the general path must decide.
 Quick = Callable[["StreamGuard", bytes, int], "tuple[bytes, int] | None"]
+#: A surface's handler of one parsed event (:meth:`Surface.event`, bound to the surface).
+SurfaceEvent = Callable[["StreamGuard", bytes, "bytes | None"], bytes]
 
 
 class StreamGuard:
@@ -76,9 +77,12 @@ class StreamGuard:
         self.n = policy.n
         self._make_detector = make_detector
         self.surface: Surface = surface or surface_for(policy.endpoint)
-        #: Chat's own event handler is a method (the hot path skips one call); others dispatch.
-        if not isinstance(self.surface, ChatSurface):
-            self._event = MethodType(_surface_event, self)  # type: ignore[method-assign]
+        #: The handler of each parsed event: ``None`` for chat's own, :meth:`_event` (a method,
+        #: which a subclass extends, and one call fewer on the hot path), else the surface's.
+        #: An attribute, never a method assigned to the instance, so the class may be compiled.
+        self._surface_event: SurfaceEvent | None = (
+            None if isinstance(self.surface, ChatSurface) else self.surface.event
+        )
         self.parser = SSEParser(policy.max_event_bytes)
         #: The surface's byte-level path for whole events it reads without parsing (chat's plain
         #: text chunks, the text deltas of Responses and Messages; see :data:`Quick`), only for
@@ -204,13 +208,17 @@ class StreamGuard:
         events = self.parser.feed(data)
         if not events:
             return b""
+        other = self._surface_event
         if len(events) == 1:
-            return self._event(events[0].raw, events[0].data)
+            ev = events[0]
+            return self._event(ev.raw, ev.data) if other is None else other(self, ev.raw, ev.data)
         out = []
         for ev in events:
             if self.done:
                 break
-            out.append(self._event(ev.raw, ev.data))
+            out.append(
+                self._event(ev.raw, ev.data) if other is None else other(self, ev.raw, ev.data)
+            )
         return b"".join(out)
 
     def _event(self, raw: bytes, data: bytes | None) -> bytes:
@@ -407,7 +415,11 @@ class StreamGuard:
         are dropped (see ``SSEParser.flush``)."""
         if self.done:
             return b""
-        out = b"".join(self._event(ev.raw, ev.data) for ev in self.parser.close())
+        other = self._surface_event
+        out = b"".join(
+            self._event(ev.raw, ev.data) if other is None else other(self, ev.raw, ev.data)
+            for ev in self.parser.close()
+        )
         self.parser.flush()
         if self.done:
             return out
@@ -451,7 +463,3 @@ class StreamGuard:
         if endpoint is not None and endpoint != self.policy.endpoint:
             raise ValueError(f"this guard relays {self.policy.endpoint}, not {endpoint}")
         return self.surface.response(self, trim)
-
-
-def _surface_event(guard: StreamGuard, raw: bytes, data: bytes | None) -> bytes:
-    return guard.surface.event(guard, raw, data)
