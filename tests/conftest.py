@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -226,10 +227,21 @@ def sdk() -> Iterator[Clients]:
         client.close()
 
 
+def in_engine_suite(path: Path, tests: Path) -> bool:
+    """Whether ``path`` lies under ``tests/e2e``. Only the path inside ``tests/`` counts: a
+    checkout under a folder named ``e2e`` holds no engine tests for that."""
+    try:
+        inside = path.resolve().relative_to(tests.resolve()).parts
+    except ValueError:  # a test file given from outside tests/
+        return False
+    return inside[:1] == ("e2e",)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Everything under tests/e2e needs a real engine: it is marked ``e2e`` whether or not its
     module says so, so the default run (``-m 'not e2e ...'``) never starts an engine."""
+    here = Path(__file__).parent
     for item in items:
-        if "e2e" in item.path.parts and item.get_closest_marker("e2e") is None:
+        if in_engine_suite(item.path, here) and item.get_closest_marker("e2e") is None:
             item.add_marker(pytest.mark.e2e)
