@@ -160,27 +160,36 @@ class CannedEngine:
             threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
     def _answer(self, conn: socket.socket) -> None:
+        """Answers each request on the connection. A canned answer with a length and no
+        ``connection: close`` leaves the connection open for the next request, as an HTTP/1.1
+        server does: closing it unannounced raced the proxy's reuse of its pooled connection."""
+        lower = self.response.split(b"\r\n\r\n", 1)[0].lower()
+        keep = b"content-length:" in lower and b"connection: close" not in lower
         with conn:
             data = b""
-            while b"\r\n\r\n" not in data:
-                part = conn.recv(65536)
-                if not part:
+            while True:
+                while b"\r\n\r\n" not in data:
+                    part = conn.recv(65536)
+                    if not part:
+                        return
+                    data += part
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                while len(body) < length:
+                    part = conn.recv(65536)
+                    if not part:
+                        return
+                    body += part
+                data = body[length:]
+                if LOOKUP_USER_AGENT.encode() not in head:  # the proxy's own /v1/models look-up
+                    self.heads.append(head)
+                conn.sendall(self.response)
+                if not keep:
                     return
-                data += part
-            head, _, body = data.partition(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            while len(body) < length:
-                part = conn.recv(65536)
-                if not part:
-                    return
-                body += part
-            if LOOKUP_USER_AGENT.encode() not in head:  # the proxy's own /v1/models look-up
-                self.heads.append(head)
-            conn.sendall(self.response)
 
     def close(self) -> None:
         self.sock.close()
