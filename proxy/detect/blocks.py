@@ -69,6 +69,10 @@ _DIGITS = re.compile(r"\d+")
 _TOKEN = re.compile(r"\w+")
 # One operator character twice in the unit: only then can it hold a run of one operator.
 _OPERATOR_TWICE = re.compile(r"([-+*/%^&|]).*?\1", re.DOTALL)
+# Two operands joined twice by the same operator (``a * b * c``), a condition every run of one
+# operator meets: the collapsing pattern below tries every word of the unit, so it runs only on
+# the few units that pass this (hyphens in prose pass the check above, not this one).
+_OPERATOR_CHAIN = re.compile(r"\w\s*([-+*/%^&|]{1,2})\s*\w+\s*\1\s*\w")
 # One operand and operator repeated (``b * b * b``): keep one step and the last operand.
 _OPERATOR_RUN = re.compile(r"(\b(\w+)\s*([-+*/%^&|]{1,2})\s*)(?:\2\s*\3\s*)+(?=\2\b)")
 _RESTART = re.compile(
@@ -103,7 +107,7 @@ def masked_tokens(unit: str) -> list[str]:
     operator collapsed (``b * b * b * b`` -> ``b * b``): a growing expression is the same step
     written more times."""
     text = _DIGITS.sub("0", unit[: 4 * MAX_TOKENS].lower())
-    if _OPERATOR_TWICE.search(text):
+    if _OPERATOR_TWICE.search(text) and _OPERATOR_CHAIN.search(text):
         text = _OPERATOR_RUN.sub(r"\1", text)
     return _TOKEN.findall(text)[:MAX_TOKENS]
 
@@ -182,23 +186,30 @@ class BlockLoop:
         index = self._index
         self._index += 1
         # The history is two generations of HISTORY_UNITS / 2 units each: memory stays bounded
-        # without evicting entries one by one.
+        # without evicting entries one by one. Set differences against the dictionaries run in
+        # C; where each known shingle was last seen is only looked up for a unit that continues
+        # a run (most units of healthy text are new and end here).
         recent, older = self._recent, self._older
-        known = [i for i in map(recent.get, grams) if i is not None]
-        known += [i for g in grams if g not in recent and (i := older.get(g)) is not None]
         total = len(grams)
-        fresh = total - len(known)
+        fresh = len(grams.difference(recent).difference(older))
+        continues = fresh <= UNIT_MAX_NOVELTY * total or (
+            self._run_units > 0 and (self._slips + 1) * SLIP_EVERY <= self._run_units + 1
+        )
+        known: list[int] = []
+        if continues and fresh < total:
+            known = [i for i in map(recent.get, grams) if i is not None]
+            known += [i for g in grams if g not in recent and (i := older.get(g)) is not None]
         # The vocabulary shares the dictionaries: words are strings, shingles integers.
-        new_words = sum(1 for w in words if w not in recent and w not in older)
+        new_words = len(words.difference(recent).difference(older))
         recent.update(dict.fromkeys(grams, index))
         recent.update(dict.fromkeys(words, index))
         if index % (HISTORY_UNITS // 2) == 0:
             self._older, self._recent = recent, {}
         self._starts.append(start)
+        if not continues:
+            self._reset()
+            return None
         if fresh > UNIT_MAX_NOVELTY * total:
-            if not self._run_units or (self._slips + 1) * SLIP_EVERY > self._run_units + 1:
-                self._reset()
-                return None
             self._slips += 1  # one new unit in a few: an edit inside the loop
         lag = index - sorted(known)[len(known) // 2] if known else 0
         if (
