@@ -414,6 +414,14 @@ HAND: dict[str, tuple[str, str]] = {
     ),
 }
 
+#: Answers that ended by themselves with no loop but are not healthy either, read by hand
+#: (the penalty-stop round's repetition penalty makes the model coin words): id -> what they
+#: are. They are ``unsure``: the set is about loops, and gibberish is another signal's.
+NOT_HEALTHY: dict[str, str] = {
+    "blockloop-cp-bits-s07": "gibberish: identifiers of 100+ letters glued from English words",
+    "blockloop-cp-powsum-s07": "gibberish: one upper-case 'word' of 1,000+ letters",
+}
+
 
 def split_of(key: str) -> str:
     """``held-out`` for about a third of the ids (a hash, fixed before any threshold was set)."""
@@ -455,6 +463,8 @@ def label() -> None:
             onset, rule = row["text"].index(HAND[row["id"]][0]), "by hand: " + HAND[row["id"]][1]
         if onset is not None and row["finish_reason"] == "length":
             extra = {"label": "degenerate", "degen_type": "block-loop", "onset_char": onset}
+        elif row["id"] in NOT_HEALTHY:
+            extra, rule = {"label": "unsure"}, "by hand: " + NOT_HEALTHY[row["id"]]
         elif onset is None and row["finish_reason"] == "stop":
             extra = {"label": "healthy"}
         else:
