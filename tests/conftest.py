@@ -136,9 +136,14 @@ class CannedEngine:
     non-stream answer to a stream request, …): for answers the fake vLLM does not give. Records
     the request heads it saw."""
 
-    def __init__(self, response: bytes) -> None:
+    def __init__(self, response: bytes, *, answers_per_connection: int | None = None) -> None:
         self.response = response
         self.heads: list[bytes] = []
+        #: After this many answers on one connection the next request on it is read and the
+        #: connection closed unanswered: an engine that closes an idle keep-alive connection
+        #: just as the proxy reuses it. Those requests' heads go to :attr:`dropped`.
+        self.answers_per_connection = answers_per_connection
+        self.dropped: list[bytes] = []
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -167,6 +172,7 @@ class CannedEngine:
         keep = b"content-length:" in lower and b"connection: close" not in lower
         with conn:
             data = b""
+            answered = 0
             while True:
                 while b"\r\n\r\n" not in data:
                     part = conn.recv(65536)
@@ -185,6 +191,10 @@ class CannedEngine:
                         return
                     body += part
                 data = body[length:]
+                if answered == self.answers_per_connection:
+                    self.dropped.append(head)
+                    return
+                answered += 1
                 if LOOKUP_USER_AGENT.encode() not in head:  # the proxy's own /v1/models look-up
                     self.heads.append(head)
                 conn.sendall(self.response)
@@ -196,12 +206,12 @@ class CannedEngine:
 
 
 @pytest.fixture
-def canned_engine() -> Iterator[Callable[[bytes], CannedEngine]]:
+def canned_engine() -> Iterator[Callable[..., CannedEngine]]:
     """Factory: ``canned_engine(raw_response) -> CannedEngine`` (closed at teardown)."""
     engines: list[CannedEngine] = []
 
-    def start(response: bytes) -> CannedEngine:
-        engine = CannedEngine(response)
+    def start(response: bytes, *, answers_per_connection: int | None = None) -> CannedEngine:
+        engine = CannedEngine(response, answers_per_connection=answers_per_connection)
         engines.append(engine)
         return engine
 

@@ -8,6 +8,7 @@ import httpx
 import openai
 
 from proxy.observability.metrics import Metrics
+from tests.conftest import CannedEngine
 from tests.fakes.vllm import FakeVLLM, Script
 
 ProxyFactory = Callable[..., str]
@@ -120,3 +121,41 @@ def test_upstream_url_given_with_v1_suffix(
     assert r.status_code == 200
     assert httpx.get(base + "/v1/models").status_code == 200
     assert [r.path for r in fake_upstream.client_requests] == ["/v1/chat/completions", "/v1/models"]
+
+
+OK_ANSWER = (
+    b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok":true}'
+)
+
+
+def test_a_get_the_engine_closed_unanswered_is_sent_again(
+    proxy_server: ProxyFactory, canned_engine: Callable[..., CannedEngine]
+) -> None:
+    """An engine that closes a keep-alive connection just as the proxy reuses it (uvicorn's idle
+    timeout, a restart) leaves a request unanswered: an idempotent one is sent once more on a new
+    connection, so the client gets the engine's answer rather than a 502."""
+    engine = canned_engine(OK_ANSWER, answers_per_connection=1)
+    base = proxy_server(upstream_url=engine.url)
+    with httpx.Client(base_url=base) as client:
+        answers = [client.get("/version") for _ in range(3)]
+    assert [(r.status_code, r.json()) for r in answers] == [(200, {"ok": True})] * 3
+    # Every request after the first found the previous one's pooled connection, which the
+    # engine then closed unanswered.
+    assert len(engine.heads) == 3 and len(engine.dropped) >= 2
+    assert all(head.startswith(b"GET /version ") for head in engine.dropped)
+
+
+def test_a_post_the_engine_closed_unanswered_is_not_sent_again(
+    proxy_server: ProxyFactory, canned_engine: Callable[..., CannedEngine]
+) -> None:
+    """A POST may have started work on the engine: it is never sent twice, and the client gets
+    the engine failure."""
+    engine = canned_engine(OK_ANSWER, answers_per_connection=1)
+    base = proxy_server(upstream_url=engine.url)
+    with httpx.Client(base_url=base) as client:
+        first = client.post("/tokenize", json={"prompt": "a"})
+        second = client.post("/tokenize", json={"prompt": "b"})
+    assert first.status_code == 200
+    assert second.status_code == 502
+    posts = [h for h in engine.heads + engine.dropped if h.startswith(b"POST /tokenize ")]
+    assert len(posts) == 2  # each POST reached the engine once

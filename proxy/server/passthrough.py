@@ -2,7 +2,9 @@
 
 Method, canonical path, query, headers minus hop-by-hop ones, body; status, headers (an absolute
 ``Location`` naming the engine made relative), streaming body. Runs under the same bounds as the
-guarded routes (disconnect, write timeout, deadline: see :mod:`proxy.server.bounds`).
+guarded routes (disconnect, write timeout, deadline: see :mod:`proxy.server.bounds`). An
+idempotent request the engine closed the connection on unanswered is sent once more
+(:func:`proxy.server.upstream.send_streamed`); a POST never is.
 
 Engine routes that generate text without being guarded
 (:data:`proxy.server.paths.UNGUARDED_GENERATING`) come here too unless GUARD_UNGUARDED_ROUTES=reject
@@ -70,7 +72,7 @@ class Passthrough:
                 out.append((b"accept-encoding", b"identity"))
             req = client.build_request(scope["method"], target, headers=out, content=body)
             try:
-                resp = await client.send(req, stream=True)
+                resp = await upstream.send_streamed(client, req)
             except httpx.HTTPError as exc:
                 upstream_failed(proxy.metrics, upstream.error_kind(exc))
                 err = upstream.translate(exc)

@@ -80,6 +80,16 @@ HOP_BY_HOP = frozenset(
 #: ``x-api-key``): never forwarded when the proxy sends the engine its own key.
 CLIENT_CREDENTIALS = ("authorization", "x-api-key")
 
+#: Seconds a pooled connection may stay idle and still be reused, in both clients: below the
+#: 5 s keep-alive timeout of uvicorn (vLLM's server), so the proxy drops a connection before the
+#: engine does instead of racing the engine's close with a new request.
+KEEPALIVE_EXPIRY = 4.0
+
+#: Methods whose request may be sent again when the engine closed the connection without an
+#: answer (RFC 9110 §9.2.2: idempotent; a proxy may retry them automatically). A POST may have
+#: started work on the engine, so it is never sent twice.
+RESENDABLE = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+
 FailureKind = Literal["connect", "timeout", "disconnect", "protocol"]
 
 _FAILURES: dict[str, tuple[type[UpstreamError], str, str]] = {
@@ -252,12 +262,30 @@ class UpstreamConfig:
             limits=httpx.Limits(
                 max_connections=self.max_connections,
                 max_keepalive_connections=self.max_connections,
+                keepalive_expiry=KEEPALIVE_EXPIRY,
             ),
             headers=None if auth is None else {"authorization": auth[1].decode("latin-1")},
             # Relay the upstream's status and redirects as they are.
             follow_redirects=False,
             trust_env=False,
         )
+
+
+async def send_streamed(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+    """Send ``request`` and return the response with its body unread.
+
+    An idempotent request that fails before any byte of an answer because the engine closed or
+    reset the connection (a pooled connection the engine closed as it was reused, an engine that
+    restarted) is sent once more, on a new connection: the client would otherwise get a 502 for a
+    request the engine never answered. Anything else, and any second failure, is the caller's.
+    """
+    try:
+        return await client.send(request, stream=True)
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+        if request.method not in RESENDABLE:
+            raise
+        log.debug("engine closed the connection unanswered; sending the request again")
+        return await client.send(request, stream=True)
 
 
 def upstream_failed(metrics: Metrics, kind: str, status: int = 0) -> None:
