@@ -132,7 +132,7 @@ def test_a_get_the_engine_closed_unanswered_is_sent_again(
     proxy_server: ProxyFactory, canned_engine: Callable[..., CannedEngine]
 ) -> None:
     """An engine that closes a keep-alive connection just as the proxy reuses it (uvicorn's idle
-    timeout, a restart) leaves a request unanswered: an idempotent one is sent once more on a new
+    timeout, a restart) leaves a request unanswered: an idempotent one is sent once more on another
     connection, so the client gets the engine's answer rather than a 502."""
     engine = canned_engine(OK_ANSWER, answers_per_connection=1)
     base = proxy_server(upstream_url=engine.url)

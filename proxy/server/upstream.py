@@ -276,8 +276,9 @@ async def send_streamed(client: httpx.AsyncClient, request: httpx.Request) -> ht
 
     An idempotent request that fails before any byte of an answer because the engine closed or
     reset the connection (a pooled connection the engine closed as it was reused, an engine that
-    restarted) is sent once more, on a new connection: the client would otherwise get a 502 for a
-    request the engine never answered. Anything else, and any second failure, is the caller's.
+    restarted) is sent once more, on another connection (httpx drops the failed one): the client
+    would otherwise get a 502 for a request the engine never answered. Anything else, and any
+    second failure, is the caller's.
     """
     try:
         return await client.send(request, stream=True)
