@@ -4,7 +4,7 @@ Method, canonical path, query, headers minus hop-by-hop ones, body; status, head
 ``Location`` naming the engine made relative), streaming body. Runs under the same bounds as the
 guarded routes (disconnect, write timeout, deadline: see :mod:`proxy.server.bounds`). An
 idempotent request the engine closed the connection on unanswered is sent once more
-(:func:`proxy.server.upstream.send_streamed`); a POST never is.
+(:class:`proxy.server.upstream.ResendIdempotent`); a POST never is.
 
 Engine routes that generate text without being guarded
 (:data:`proxy.server.paths.UNGUARDED_GENERATING`) come here too unless GUARD_UNGUARDED_ROUTES=reject
@@ -72,7 +72,7 @@ class Passthrough:
                 out.append((b"accept-encoding", b"identity"))
             req = client.build_request(scope["method"], target, headers=out, content=body)
             try:
-                resp = await upstream.send_streamed(client, req)
+                resp = await client.send(req, stream=True)
             except httpx.HTTPError as exc:
                 upstream_failed(proxy.metrics, upstream.error_kind(exc))
                 err = upstream.translate(exc)

@@ -250,19 +250,23 @@ class UpstreamConfig:
     def httpx_client(self) -> httpx.AsyncClient:
         """The pooled httpx client for pass-through, readiness and the config watcher."""
         auth = self.auth_header
+        transport = httpx.AsyncHTTPTransport(
+            verify=self.ssl,
+            limits=httpx.Limits(
+                max_connections=self.max_connections,
+                max_keepalive_connections=self.max_connections,
+                keepalive_expiry=KEEPALIVE_EXPIRY,
+            ),
+            trust_env=False,
+        )
         return httpx.AsyncClient(
             base_url=self.url,
-            verify=self.ssl,
+            transport=ResendIdempotent(transport),
             timeout=httpx.Timeout(
                 connect=self.connect_timeout,
                 read=self.read_timeout,
                 write=self.write_timeout,
                 pool=self.connect_timeout,
-            ),
-            limits=httpx.Limits(
-                max_connections=self.max_connections,
-                max_keepalive_connections=self.max_connections,
-                keepalive_expiry=KEEPALIVE_EXPIRY,
             ),
             headers=None if auth is None else {"authorization": auth[1].decode("latin-1")},
             # Relay the upstream's status and redirects as they are.
@@ -271,22 +275,31 @@ class UpstreamConfig:
         )
 
 
-async def send_streamed(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
-    """Send ``request`` and return the response with its body unread.
+class ResendIdempotent(httpx.AsyncBaseTransport):
+    """The httpx client's transport: an idempotent request the engine closed or reset the
+    connection on, or answered with something that is not HTTP, is sent once more.
 
-    An idempotent request that fails before any byte of an answer because the engine closed or
-    reset the connection (a pooled connection the engine closed as it was reused, an engine that
-    restarted) is sent once more, on another connection (httpx drops the failed one): the client
-    would otherwise get a 502 for a request the engine never answered. Anything else, and any
-    second failure, is the caller's.
+    A pooled connection the engine closes just as it is reused (uvicorn's idle timeout, an engine
+    restart) leaves a request unanswered; every user of the client (pass-through, the model
+    look-up, readiness) would otherwise report a failure for a request the engine never answered.
+    httpx drops the failed connection, so the second try goes out on another one; a second
+    failure is the caller's. A POST may have started work on the engine: never sent twice.
     """
-    try:
-        return await client.send(request, stream=True)
-    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
-        if request.method not in RESENDABLE:
-            raise
-        log.debug("engine closed the connection unanswered; sending the request again")
-        return await client.send(request, stream=True)
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await self._inner.handle_async_request(request)
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+            if request.method not in RESENDABLE:
+                raise
+            log.debug("engine closed the connection unanswered; sending the request again")
+            return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 def upstream_failed(metrics: Metrics, kind: str, status: int = 0) -> None:

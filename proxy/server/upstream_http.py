@@ -29,14 +29,10 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from proxy.errors import UpstreamFailure
-from proxy.server import upstream
-from proxy.server.upstream import UpstreamConfig, failure
+from proxy.server.upstream import KEEPALIVE_EXPIRY, UpstreamConfig, failure
 from proxy.server.upstream_protocol import Connection
 
 __all__ = ["DRAIN_SECONDS", "KEEPALIVE_EXPIRY", "Response", "UpstreamClient", "UpstreamFailure"]
-
-#: Seconds a pooled connection may stay idle and still be reused (the httpx client's too).
-KEEPALIVE_EXPIRY = upstream.KEEPALIVE_EXPIRY
 
 #: How long to wait for the end of a body after ``[DONE]`` before giving the connection up.
 DRAIN_SECONDS = 1.0
