@@ -98,6 +98,18 @@ def test_extrapolation_fractions_are_no_healthy_answers() -> None:
     assert histogram_share_above(healthy, 88) == 0.0
 
 
+def test_a_shared_extrapolation_makes_no_whole_phantom_answer() -> None:
+    """Both histograms read through one window's extrapolation (x 1.09, as Prometheus returned
+    it in a failed run: 6 answers as 6.54, the 4 aborted as 4.35, the 2 healthy of at most 64
+    tokens as 2.18): rounding each count gave 7 - 4 = 3 answers, one of them a phantom above
+    the cap; the difference rounds to the 2 there are."""
+    completions = [(64.0, 2.18), (128.0, 6.54), (float("inf"), 6.54)]
+    aborts = [(64.0, 0.0), (128.0, 4.35), (float("inf"), 4.35)]
+    healthy = healthy_buckets(completions, aborts)
+    assert healthy == [(64.0, 2.0), (128.0, 2.0), (float("inf"), 2.0)]
+    assert histogram_share_above(healthy, 88) == 0.0
+
+
 def _record(task: str, tokens: int, at: int | None) -> dict[str, Any]:
     return {
         "model": MODEL, "task": task, "language": "en", "repetition_penalty": 1.0,

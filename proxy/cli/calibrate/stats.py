@@ -214,14 +214,17 @@ def healthy_buckets(
     degenerate (monitor mode) ran on past its verdict: it stays counted above that bucket, so
     the healthy share above a cap is over-, never under-estimated.
 
-    Each bucket's count is rounded to whole answers first: ``increase()`` extrapolates every
+    Each bucket's difference is rounded to whole answers: ``increase()`` extrapolates every
     series to the window's edges by its own factor (a bucket born at 0 differs from one born
     at 3), so two estimates of the same aborted answers differ by a fraction, and that
-    fraction would pass for healthy answers above the cap. Answers are whole; where counts
-    are large the rounding changes nothing that matters."""
-    aborted = {le: round(count) for le, count in aborts}
+    fraction would pass for healthy answers above the cap. The difference is rounded, not each
+    count: both counts carry the window's extrapolation (6 answers read as 6.54, 4 of them
+    aborted as 4.35), and rounding each would turn it into a whole phantom answer (7 - 4).
+    Answers are whole; where counts are large the rounding changes nothing that matters."""
+    aborted = dict(aborts)
     return [
-        (le, float(max(0, round(count) - aborted.get(le, 0)))) for le, count in sorted(completions)
+        (le, float(max(0, round(count - aborted.get(le, 0.0)))))
+        for le, count in sorted(completions)
     ]
 
 
