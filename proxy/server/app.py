@@ -24,6 +24,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
+from starlette.applications import Starlette
 
 from proxy.detect import Detector, DetectorConfig
 from proxy.errors import Forbidden
@@ -90,6 +91,25 @@ class GuardApp(FastAPI):
     """FastAPI whose middleware stack ends in the :class:`Dispatcher` (see the module doc)."""
 
     proxy: Proxy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A guarded route skips FastAPI's native OpenTelemetry layer (FastAPI >= 0.165).
+
+        That layer switches itself on whenever a global tracer, meter or logger provider is
+        set, as ``opentelemetry-instrument`` and the OpenTelemetry operator's injection do, and
+        then wraps ``send`` for the whole request: every relayed chunk pays a Python layer and
+        loses the direct write onto uvicorn's transport (a third more instructions per event),
+        and the request gets a second server span beside the proxy's own (its GenAI span,
+        ``proxy/observability/tracing.py``). Every other route — pass-through, the proxy's own —
+        keeps FastAPI's behaviour, so each request has one server span either way. The user's
+        middleware still sees every request: it is in the stack, which this does not touch.
+        """
+        if scope["type"] == "http" and scope["path"] in GUARDED:
+            if self.root_path:
+                scope["root_path"] = self.root_path
+            await Starlette.__call__(self, scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
 
     def build_middleware_stack(self) -> ASGIApp:
         user, self.user_middleware = self.user_middleware, []
