@@ -11,6 +11,8 @@ sweep (:mod:`proxy.server.bounds`). Heal mode's stages are :mod:`proxy.server.he
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -61,23 +63,51 @@ from proxy.server.usage_options import names_usage_option
 log = logging.getLogger("coherence_guard")
 
 
-def make_detector(proxy: Proxy, rw: Rewrite) -> Callable[[], Detector]:
-    config = proxy.detector_config
-    lang = rw.expected_language
-    source = rw.expectation.source
-    accepted = rw.expectation.accepted
-    structured = rw.structured
+class DetectorMaker:
+    """Builds each block's detector for one request; the first one can be built ahead
+    (:meth:`prepare`), while the engine works on the first token, so that building it (a few
+    dozen µs) is not on the path of the first token to the client. Every detector it hands
+    out is built from the same settings and holds no text yet: which one a block gets changes
+    no verdict."""
 
-    def make() -> Detector:
-        return Detector(
-            config,
-            expected_language=lang,
-            structured=structured,
-            language_source=source,
-            accepted_languages=accepted,
+    __slots__ = ("_config", "_rw", "_spare")
+
+    def __init__(self, proxy: Proxy, rw: Rewrite) -> None:
+        self._config = proxy.detector_config
+        self._rw = rw
+        self._spare: Detector | None = None
+
+    def serves(self, rw: Rewrite) -> bool:
+        """Whether this maker's detectors are those ``rw`` asks for (a request rewritten
+        again after an engine's refusal keeps its language and structure)."""
+        mine = self._rw
+        return mine is rw or (
+            mine.expected_language == rw.expected_language
+            and mine.expectation.source == rw.expectation.source
+            and mine.expectation.accepted == rw.expectation.accepted
+            and mine.structured == rw.structured
         )
 
-    return make
+    def prepare(self) -> None:
+        """Build the first block's detector now (an event-loop callback: a failure here is
+        left for the block, which builds its own and fails where the request handles it)."""
+        if self._spare is None:
+            with contextlib.suppress(Exception):
+                self._spare = self._build()
+
+    def __call__(self) -> Detector:
+        spare, self._spare = self._spare, None
+        return spare if spare is not None else self._build()
+
+    def _build(self) -> Detector:
+        rw = self._rw
+        return Detector(
+            self._config,
+            expected_language=rw.expected_language,
+            structured=rw.structured,
+            language_source=rw.expectation.source,
+            accepted_languages=rw.expectation.accepted,
+        )
 
 
 def language_detector(proxy: Proxy, rw: Rewrite) -> Callable[[str], Detector] | None:
@@ -124,6 +154,8 @@ class Exchange:
         self.started = started
         self.status = 0
         self.guard: StreamGuard | None = None
+        #: The detectors' maker, made when the request goes to the engine (not in ``off``).
+        self.detectors: DetectorMaker | None = None
         self.stream_open = False
         #: The response head went out (after that, errors are written into the body).
         self.head_sent = False
@@ -285,6 +317,10 @@ class Exchange:
         await watch.send_last(send, {"type": "http.response.body", "body": b""})
 
     async def run(self, watch: Watch) -> None:
+        if self.mode != "off":
+            # Built while the request is on its way and the engine computes the first token.
+            self.detectors = DetectorMaker(self.proxy, self.rw)
+            asyncio.get_running_loop().call_soon(self.detectors.prepare)
         resp = await self._open()
         if resp is None:
             return
@@ -344,17 +380,20 @@ class Exchange:
             max_event_bytes=self.proxy.settings.max_event_bytes,
             abort_event=self.proxy.settings.responses_abort_event,
         )
+        maker = self.detectors
+        if maker is None or not maker.serves(self.rw):
+            maker = DetectorMaker(self.proxy, self.rw)
         if heal:
             # A constrained answer (only non-streamed ones reach here) is asked again whole.
             restart = constrained(self.rw.body)
             return HealGuard(
                 policy,
-                make_detector(self.proxy, self.rw),
+                maker,
                 self.heal,
                 restart=restart,
                 detector_for=language_detector(self.proxy, self.rw),
             )
-        return StreamGuard(policy, make_detector(self.proxy, self.rw))
+        return StreamGuard(policy, maker)
 
     async def send_body(self, out: bytes, watch: Watch) -> None:
         watch.seq += 1
