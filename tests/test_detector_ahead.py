@@ -20,7 +20,7 @@ import proxy.server.exchange
 from proxy.detect import Detector
 from proxy.server.app import create_app
 from proxy.settings import load_settings
-from tests.conftest import ProxyServer
+from tests.conftest import CannedEngine, ProxyServer
 from tests.net import HANG_GUARD
 
 CHUNK = (
@@ -39,26 +39,14 @@ STREAM = b"".join(
 NOT_FOUND = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 
 
-class GatedEngine:
+class GatedEngine(CannedEngine):
     """Answers a chat request only once ``built`` is set (or the hang guard passed), and
     records whether it was set when it answered; any other request gets a 404."""
 
     def __init__(self, built: threading.Event) -> None:
-        self.built = built
+        self.built = built  # before the accepting thread starts
         self.built_before_answer: bool | None = None
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+        super().__init__(STREAM)
 
     def _answer(self, conn: socket.socket) -> None:
         with conn:
@@ -73,7 +61,7 @@ class GatedEngine:
                 return
             self.built.wait(HANG_GUARD)
             self.built_before_answer = self.built.is_set()
-            conn.sendall(STREAM)
+            conn.sendall(self.response)
 
 
 @pytest.fixture
@@ -108,7 +96,7 @@ def test_the_first_detector_is_built_before_the_engine_answers(
             stream = b"".join(resp.iter_raw())
     finally:
         server.stop()
-        engine.sock.close()
+        engine.close()
     assert resp.status_code == 200
     assert b"Hello there, a healthy reply." in stream
     assert stream.rstrip().endswith(b"data: [DONE]")
