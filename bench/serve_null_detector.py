@@ -20,13 +20,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import proxy.core.channels  # noqa: E402
-import proxy.server.exchange  # noqa: E402
+import proxy.server.detectors  # noqa: E402
 from bench.null_detector import NullDetector  # noqa: E402
 from proxy import cli  # noqa: E402
 
 
 def main() -> int:
-    proxy.server.exchange.Detector = NullDetector  # type: ignore[attr-defined,misc]
+    proxy.server.detectors.Detector = NullDetector  # type: ignore[attr-defined,misc]
     proxy.core.channels.Detector = NullDetector  # type: ignore[attr-defined,misc]
     return cli.main(["serve", *sys.argv[1:]])
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-import proxy.server.exchange
+import proxy.server.detectors
 from proxy.detect import Detector
 from proxy.server.app import create_app
 from proxy.settings import load_settings
@@ -76,7 +76,7 @@ def built(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event, li
             count[0] += 1
             event.set()
 
-    monkeypatch.setattr(proxy.server.exchange, "Detector", Counted)
+    monkeypatch.setattr(proxy.server.detectors, "Detector", Counted)
     yield event, count
 
 
