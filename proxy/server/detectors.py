@@ -28,15 +28,9 @@ class DetectorMaker:
         self._spare: Detector | None = None
 
     def serves(self, rw: Rewrite) -> bool:
-        """Whether this maker's detectors are those ``rw`` asks for (a request rewritten
-        again after an engine's refusal keeps its language and structure)."""
-        mine = self._rw
-        return mine is rw or (
-            mine.expected_language == rw.expected_language
-            and mine.expectation.source == rw.expectation.source
-            and mine.expectation.accepted == rw.expectation.accepted
-            and mine.structured == rw.structured
-        )
+        """Whether this maker was made for ``rw`` (a request rewritten again after an engine's
+        refusal gets a maker of its own)."""
+        return self._rw is rw
 
     def prepare(self) -> None:
         """Build the first block's detector now (an event-loop callback: a failure here is
