@@ -1,4 +1,4 @@
-"""``coherence-guard`` command line: serve | config | score | check.
+"""``coherence-guard`` command line: serve | config | score | check | demo | calibrate | explain.
 
 Each sub-command lives in its own module exposing ``add_arguments(parser)`` and
 ``run(args) -> int`` (exit status); this file only wires them. Sub-command modules keep their
@@ -23,6 +23,10 @@ _COMMANDS = {
     "check": ("proxy.cli.check", "three-tier coherence check of a deployment"),
     "demo": ("proxy.cli.demo", "a real model loops on a laptop, with and without the guard"),
     "calibrate": ("proxy.cli.calibrate.run", "measure where a model degenerates; recommend caps"),
+    "explain": (
+        "proxy.cli.why",
+        "why the detector judged one text as it did: signal, evidence, onset, settings",
+    ),
 }
 
 

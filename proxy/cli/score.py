@@ -349,13 +349,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def detector_config(command: str) -> Any:
+    """The environment's detector thresholds, or ``None`` after one line on stderr: a bad
+    ``GUARD_*`` value is the user's to fix, so it gets a sentence, not a traceback."""
     from proxy.settings import ConfigError, load_detector_config
 
     try:
-        config = load_detector_config()
+        return load_detector_config()
     except ConfigError as exc:
-        print(f"coherence-guard score: {exc}", file=sys.stderr)
+        print(f"coherence-guard {command}: {exc}", file=sys.stderr)
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    config = detector_config("score")
+    if config is None:
         return 2
     try:
         source: IO[str] = sys.stdin if args.input == "-" else _open_text(args.input)

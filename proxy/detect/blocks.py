@@ -100,6 +100,22 @@ class BlockRun:
     #: Whether the copies are the same once masked (no new shingle, no new word): an exact
     #: loop, or a counter loop, which the repetition signal names.
     identical: bool
+    #: Copies this run needed (one less than the setting for a long block or restarts) and its
+    #: period in units: what ``coherence-guard explain`` shows beside the copies.
+    needed: float = 0.0
+    period: int = 0
+
+    def evidence(self) -> dict[str, float]:
+        """The run's measures by name, as ``coherence-guard explain`` reports them."""
+        return {
+            "copies": self.copies,
+            "copies_needed": self.needed,
+            "period_units": float(self.period),
+            "new_shingle_share": self.novelty,
+            "new_word_share": self.new_words,
+            "restart_markers": float(self.restarts),
+            "span_chars": float(self.span),
+        }
 
 
 def masked_tokens(unit: str) -> list[str]:
@@ -259,4 +275,6 @@ class BlockLoop:
         onset = self._starts[first] if first >= 0 else self._run_start
         identical = self._run_new == 0 and self._run_new_words == 0
         words = self._run_new_words / max(1, self._run_words)
-        return BlockRun(copies, novelty, onset, end - onset, self._restarts, words, identical)
+        return BlockRun(
+            copies, novelty, onset, end - onset, self._restarts, words, identical, need, period
+        )

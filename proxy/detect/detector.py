@@ -19,6 +19,7 @@ import bisect
 import math
 import re
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 from proxy.detect.blocks import BlockLoop, statement_lines
@@ -83,6 +84,7 @@ class Detector:
         self._chars = 0
         self._tokens = 0
         self._verdict: Verdict | None = None
+        self._evidence: dict[str, float] = {}
         self._pending: list[str] = []
         self._pending_chars = 0
         # raw window: _raw holds text[_raw_base:_chars - _pending_chars]
@@ -122,6 +124,11 @@ class Detector:
     @property
     def verdict(self) -> Verdict | None:
         return self._verdict
+
+    @property
+    def evidence(self) -> Mapping[str, float]:
+        """Measures behind the verdict, for ``coherence-guard explain`` (set as it fires)."""
+        return self._evidence
 
     @property
     def end_drift(self) -> bool:
@@ -405,6 +412,7 @@ class Detector:
         if counts_down(region, round(len(_NUMBER.findall(region)) / run.copies)):
             return None  # a countdown ends by itself (99 Bottles)
         signal = "repetition" if run.identical else "block-loop"
+        self._evidence = run.evidence()
         return self._fire(signal, run.copies, run.onset)
 
     def _note_repetition(self, tail: PeriodicTail) -> None:
@@ -452,6 +460,7 @@ class Detector:
                         self._ngram_onset = self._chars - recent_chars
                     self._ngram_streak += 1
                     if self._ngram_streak >= cfg.ngram_sustain_checks:
+                        self._evidence = {"repeated_4gram_share": rate, "zlib_ratio": ratio_c}
                         return self._fire("near-repetition", rate, self._ngram_onset)
                     return None
         self._ngram_streak = 0
@@ -471,7 +480,10 @@ class Detector:
 
     def _check_gibberish(self, new: str, final: bool) -> Verdict | None:
         found = self._gibberish.update(new, end=self._chars, final=final)
-        return None if found is None else self._fire("gibberish", found[1], found[2])
+        if found is None:
+            return None
+        self._evidence = {"unreadable_run_share" if found[0] == "runs" else "switches": found[1]}
+        return self._fire("gibberish", found[1], found[2])
 
     def _check_entropy(self) -> Verdict | None:
         cfg = self.config
