@@ -227,7 +227,7 @@ class Detector:
         flood = final_flood(text)
         if flood is not None:
             if self._relax() <= 1.0:
-                self._fire("token-flood", flood.repeats, self._chars - flood.span)
+                self._fire(loop_kind(flood, text), flood.repeats, self._chars - flood.span)
             return
         loop = final_loop(text, min_span)
         if loop is not None:

@@ -143,7 +143,14 @@ def is_loop(tail: PeriodicTail, text: str, min_repeats: float, min_span: int) ->
     return tail.span >= min_span / 2 and tail.mass >= 4 * min_span
 
 
+# Chinese and Japanese, written without spaces: a word there is one to three characters.
+_UNSPACED = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+
 def loop_kind(tail: PeriodicTail, text: str) -> str:
-    """A one-word unit is a flood (``the the the``), a longer one a repeated passage."""
+    """A one-word unit is a flood (``the the the``, ``的的的``), a longer one a repeated passage.
+    Without spaces to count words by, more than three ideographs or kana are more than a word:
+    ``我是一个用户`` ("I am a user") repeated is a loop of a sentence, as an English one is."""
     unit = text[len(text) - tail.period :]
-    return "token-flood" if len(unit.split()) <= 1 else "repetition"
+    one_word = len(unit.split()) <= 1 and len(_UNSPACED.findall(unit)) <= 3
+    return "token-flood" if one_word else "repetition"

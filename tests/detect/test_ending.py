@@ -8,7 +8,7 @@ from proxy.core.rewrite import RewritePolicy, rewrite_request
 from proxy.detect import Detector, DetectorConfig
 from proxy.detect.ending import fallback_languages, final_drift, final_flood, identified_units
 from tests.detect.conftest import stream
-from tests.detect.texts import ENGLISH, ITALIAN, as_deltas
+from tests.detect.texts import CHINESE, ENGLISH, ITALIAN, as_deltas
 
 # A base model's answer: the Italian prompt restated, then English until the end.
 RESTATED = "Scrivi un breve saggio sull'importanza del voto nelle democrazie moderne. "
@@ -82,6 +82,21 @@ def test_a_flood_in_the_last_80_characters_is_caught_at_the_end(tail: str) -> No
     verdict = stream(text).verdict
     assert verdict is not None and verdict.signal == "token-flood"
     assert abs(verdict.onset_char - 400) <= 3
+
+
+@pytest.mark.parametrize(
+    ("tail", "signal"),
+    [("的" * 45, "token-flood"), ("谢谢" * 25, "token-flood"), ("暴风雪礼赞" * 13, "repetition")],
+    ids=["char", "word", "phrase"],
+)
+def test_a_chinese_flood_at_the_end_is_named_by_its_words(tail: str, signal: str) -> None:
+    """The end judgement names what it finds as the streaming one does: a phrase of five
+    ideographs ("ode to the blizzard") repeated is a loop, a word repeated a flood."""
+    text = CHINESE + tail
+    assert not streamed_only(text, DetectorConfig())
+    verdict = stream(text).verdict
+    assert verdict is not None and verdict.signal == signal
+    assert verdict.onset_char == len(CHINESE)
 
 
 @pytest.mark.parametrize(

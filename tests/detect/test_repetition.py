@@ -14,8 +14,10 @@ from proxy.detect.repetition import (
 )
 from tests.detect.conftest import stream
 from tests.detect.texts import (
+    CHINESE,
     ENGLISH,
     ITALIAN,
+    JAPANESE,
     MARKDOWN_TABLE,
     PYTHON_CODE,
     beer_song,
@@ -78,6 +80,25 @@ def test_token_floods_fire(flood: str) -> None:
     assert summary.verdict.signal in {"token-flood", "repetition", "low-diversity", "compression"}
     assert len(ENGLISH) - 64 <= summary.verdict.onset_char <= len(ENGLISH) + 64
     assert summary.verdict.fired_at_char <= len(ENGLISH) + 700
+
+
+@pytest.mark.parametrize(
+    ("text", "signal"),
+    [
+        (CHINESE + "的" * 200, "token-flood"),
+        (CHINESE + "谢谢！" * 120, "token-flood"),
+        (CHINESE + "我是一个用户，" * 60, "repetition"),  # "I am a user,": a sentence
+        (CHINESE + "暴风雪礼赞" * 60, "repetition"),  # "ode to the blizzard"
+        (JAPANESE + "評価結果の説明の根拠、" * 40, "repetition"),
+        (ENGLISH + " the cat" * 120, "repetition"),
+    ],
+    ids=["zh-char", "zh-word", "zh-sentence", "zh-phrase", "ja-phrase", "en-two-words"],
+)
+def test_a_unit_without_spaces_is_named_by_its_words_not_its_spaces(text: str, signal: str) -> None:
+    """Chinese and Japanese have no spaces to count words by: a phrase or sentence repeated
+    there is a loop, named as an English one would be, and only a word repeated is a flood."""
+    verdict = stream(text).verdict
+    assert verdict is not None and verdict.signal == signal
 
 
 def test_exact_loop_of_period_one_token_fires_within_a_few_hundred_chars() -> None:
