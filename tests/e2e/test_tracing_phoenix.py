@@ -110,7 +110,7 @@ def test_loop_traced_into_phoenix(
     (event,) = [e for e in span["events"] if e["name"] == "coherence_guard.verdict"]
     e = event["attributes"]
     assert e["coherence_guard.action"] == "aborted"
-    assert e["coherence_guard.signal"] in ("repetition", "flood")
+    assert e["coherence_guard.signal"] in ("repetition", "token-flood")
     assert e["coherence_guard.fired_at_token"] == a["gen_ai.usage.output_tokens"]
     moments = [span["start_time"], event["timestamp"], span["end_time"]]
     start, fired, end = (datetime.fromisoformat(m) for m in moments)
