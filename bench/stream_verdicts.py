@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from proxy.cli.score import (  # noqa: E402
-    _open_text,
-    _read_jsonl,
     expected_language_of,
+    open_text,
+    read_jsonl,
     split_deltas,
     token_stream,
 )
@@ -152,8 +152,8 @@ def main() -> int:
     keys = ("prompt_language",) if args.prompt_language_only else ("prompt_language", "lang")
     rows: list[dict[str, Any]] = []
     for path in args.corpus:
-        with _open_text(path) as fh:
-            rows += [judge(row, keys) for row in _read_jsonl(fh)]
+        with open_text(path) as fh:
+            rows += [judge(row, keys) for row in read_jsonl(fh)]
     print(summary(rows))
     if args.output:
         Path(args.output).write_text(json.dumps(rows))

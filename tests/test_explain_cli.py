@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 
-from proxy.cli.score import score_text
+from proxy.cli.score import score_rows, score_text
 from tests.net import HANG_GUARD
 
 ROOT = Path(__file__).resolve().parent.parent
 SET = ROOT / "bench" / "data" / "blockloops.jsonl.gz"
+REALGEN = ROOT / "bench" / "data" / "realgen.jsonl.gz"
 
 
 def _answer(key: str) -> str:
@@ -118,6 +119,46 @@ def test_stdin_and_the_requested_language() -> None:
     assert verdict["signal"] == "language-drift"
     assert verdict["expected_language"] == "it"
     assert _explain("-", stdin=english * 2).returncode == 0
+
+
+def test_a_line_of_a_scored_file_is_explained_as_score_judged_it() -> None:
+    """``--id``: the line's expected language (its ``lang``) and its engine tokens with their
+    logprobs are used as ``score`` uses them, so the account is the one behind score's line."""
+    key = "realgen-capital-de-sampled"
+    with gzip.open(REALGEN, "rt", encoding="utf-8") as fh:
+        row = next(r for r in map(json.loads, fh) if r["id"] == key)
+    assert row["lang"] == "de" and row["tokens"]
+    (scored,) = score_rows([row])
+    result = _explain(str(REALGEN), "--id", key, "--json")
+    assert result.returncode == 1, result.stderr
+    verdict = json.loads(result.stdout)["verdict"]
+    assert (verdict["signal"], verdict["fired_at_char"], verdict["onset_char"]) == (
+        scored.signal,
+        scored.fired_at_char,
+        scored.onset_char,
+    )
+    assert verdict["signal"] == "language-drift" and verdict["expected_language"] == "de"
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        ('{"id": "a", "text": "fine"}\n', "no line with id 'x'"),
+        ('{"id": "x", "text": 7}\n', "without a string 'text'"),
+        ("not json\n", "line 1: not JSON"),
+    ],
+    ids=["absent", "no-text", "not-json"],
+)
+def test_a_bad_line_or_a_missing_id_is_one_line_and_status_2(
+    tmp_path: Path, lines: str, message: str
+) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_text(lines, encoding="utf-8")
+    result = _explain(str(path), "--id", "x")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(

@@ -96,15 +96,16 @@ def token_stream(row: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]] | 
     return out
 
 
-def score_text(
+def streamed(
     text: str,
     *,
     config: Any = None,
     expected_language: str | None = None,
     tokens: list[tuple[str, list[dict[str, Any]] | None]] | None = None,
-) -> Scored:
-    """Stream one text through a fresh detector (as the engine's ``tokens`` when given, else
-    as word-sized deltas); return its decision."""
+) -> Any:
+    """A fresh detector fed ``text`` up to its first verdict (as the engine's ``tokens`` when
+    given, else as word-sized deltas), not yet finished: ``score`` and ``explain`` feed the
+    same way, so their accounts of one text agree."""
     from proxy.detect import Detector
 
     detector = Detector(config, expected_language=expected_language)
@@ -116,6 +117,18 @@ def score_text(
         for delta in split_deltas(text):
             if detector.feed(delta) is not None:
                 break
+    return detector
+
+
+def score_text(
+    text: str,
+    *,
+    config: Any = None,
+    expected_language: str | None = None,
+    tokens: list[tuple[str, list[dict[str, Any]] | None]] | None = None,
+) -> Scored:
+    """Stream one text through a fresh detector; return its decision."""
+    detector = streamed(text, config=config, expected_language=expected_language, tokens=tokens)
     verdict = detector.finish().verdict
     if verdict is None:
         return Scored({}, False, None, None, None, None)
@@ -163,7 +176,7 @@ def score_rows(
         )
 
 
-def _open_text(path: str) -> IO[str]:
+def open_text(path: str) -> IO[str]:
     """A JSONL file, gzip-compressed when its name ends in ``.gz``."""
     if path.endswith(".gz"):
         import gzip
@@ -172,7 +185,7 @@ def _open_text(path: str) -> IO[str]:
     return open(path, encoding="utf-8")
 
 
-def _read_jsonl(stream: IO[str]) -> Iterator[dict[str, Any]]:
+def read_jsonl(stream: IO[str]) -> Iterator[dict[str, Any]]:
     for number, line in enumerate(stream, 1):
         if not line.strip():
             continue
@@ -366,7 +379,7 @@ def run(args: argparse.Namespace) -> int:
     if config is None:
         return 2
     try:
-        source: IO[str] = sys.stdin if args.input == "-" else _open_text(args.input)
+        source: IO[str] = sys.stdin if args.input == "-" else open_text(args.input)
     except OSError as exc:
         print(f"coherence-guard score: cannot read {args.input}: {exc.strerror}", file=sys.stderr)
         return 2
@@ -378,7 +391,7 @@ def run(args: argparse.Namespace) -> int:
         elif not args.summary:
             out = sys.stdout
         for result in score_rows(
-            _read_jsonl(source),
+            read_jsonl(source),
             config=config,
             use_language=not args.no_expected_language,
             prompt_language_only=args.prompt_language_only,

@@ -56,22 +56,29 @@ _EXCERPT = 80
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("input", help="a UTF-8 text file with one answer ('-': stdin)")
     parser.add_argument(
+        "--id",
+        help="the input is a JSON Lines file as `score` reads it (.gz too): explain this line, "
+        "with its expected language and engine tokens as `score` uses them",
+    )
+    parser.add_argument(
         "--language",
         help="the language the request asked for (ISO 639-1, e.g. it), as the proxy would pass",
     )
     parser.add_argument("--json", action="store_true", help="print the account as JSON")
 
 
-def explain_text(text: str, config: Any = None, language: str | None = None) -> dict[str, Any]:
+def explain_text(
+    text: str,
+    config: Any = None,
+    language: str | None = None,
+    tokens: list[tuple[str, list[dict[str, Any]] | None]] | None = None,
+) -> dict[str, Any]:
     """The detector's account of ``text``: its verdict, evidence and governing settings."""
-    from proxy.cli.score import split_deltas
-    from proxy.detect import Detector, DetectorConfig
+    from proxy.cli.score import streamed
+    from proxy.detect import DetectorConfig
 
     cfg = config or DetectorConfig()
-    detector = Detector(cfg, expected_language=language)
-    for delta in split_deltas(text):
-        if detector.feed(delta) is not None:
-            break
+    detector = streamed(text, config=cfg, expected_language=language, tokens=tokens)
     summary = detector.finish()
     verdict = summary.verdict
     account: dict[str, Any] = {"chars": len(text), "verdict": None}
@@ -145,14 +152,42 @@ def render(account: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _line(path: str, key: str) -> dict[str, Any] | None:
+    """The JSON Lines row whose ``id`` is ``key`` (compared as text: ids may be numbers)."""
+    from proxy.cli.score import open_text, read_jsonl
+
+    source = sys.stdin if path == "-" else open_text(path)
+    try:
+        for row in read_jsonl(source):
+            if str(row.get("id")) == key:
+                if not isinstance(row.get("text"), str):
+                    raise ValueError(f"line without a string 'text' field (id={key!r})")
+                return row
+    finally:
+        if source is not sys.stdin:
+            source.close()
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
-    from proxy.cli.score import detector_config
+    from proxy.cli.score import detector_config, expected_language_of, token_stream
 
     config = detector_config("explain")
     if config is None:
         return 2
+    tokens = None
+    language = args.language
     try:
-        if args.input == "-":
+        if args.id is not None:
+            row = _line(args.input, args.id)
+            if row is None:
+                print(f"coherence-guard explain: no line with id {args.id!r} in {args.input}",
+                      file=sys.stderr)  # fmt: skip
+                return 2
+            text = row["text"]
+            language = language or expected_language_of(row)
+            tokens = token_stream(row)
+        elif args.input == "-":
             text = sys.stdin.read()
         else:
             with open(args.input, encoding="utf-8") as fh:
@@ -160,13 +195,16 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"coherence-guard explain: cannot read {args.input}: {exc.strerror}", file=sys.stderr)
         return 2
-    except UnicodeDecodeError as exc:
+    except UnicodeDecodeError as exc:  # before ValueError, which it is
         print(
             f"coherence-guard explain: {args.input} is not UTF-8 text: {exc.reason}",
             file=sys.stderr,
         )
         return 2
-    account = explain_text(text, config, args.language)
+    except ValueError as exc:  # a line that is not JSON, or has no text
+        print(f"coherence-guard explain: {args.input}: {exc}", file=sys.stderr)
+        return 2
+    account = explain_text(text, config, language, tokens)
     if args.json:
         sys.stdout.write(json.dumps(account, ensure_ascii=False, indent=2) + "\n")
     else:
