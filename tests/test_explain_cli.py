@@ -104,7 +104,8 @@ def test_a_healthy_answer_gets_no_verdict(tmp_path: Path) -> None:
     path.write_text(_answer("blockloop-bits-t08"), encoding="utf-8")
     result = _explain(str(path))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(f"no verdict over {len(path.read_text()):,} characters")
+    chars = len(path.read_text(encoding="utf-8"))
+    assert result.stdout.startswith(f"no verdict over {chars:,} characters")
 
 
 def test_stdin_and_the_requested_language() -> None:
