@@ -24,7 +24,10 @@ import sys
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from proxy.detect import Detector, DetectorConfig
 
 # A word with its leading whitespace: roughly what one BPE token looks like in a stream.
 _DELTA_RE = re.compile(r"\s*\S+|\s+")
@@ -102,7 +105,7 @@ def streamed(
     config: Any = None,
     expected_language: str | None = None,
     tokens: list[tuple[str, list[dict[str, Any]] | None]] | None = None,
-) -> Any:
+) -> Detector:
     """A fresh detector fed ``text`` up to its first verdict (as the engine's ``tokens`` when
     given, else as word-sized deltas), not yet finished: ``score`` and ``explain`` feed the
     same way, so their accounts of one text agree."""
@@ -362,7 +365,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def detector_config(command: str) -> Any:
+def detector_config(command: str) -> DetectorConfig | None:
     """The environment's detector thresholds, or ``None`` after one line on stderr: a bad
     ``GUARD_*`` value is the user's to fix, so it gets a sentence, not a traceback."""
     from proxy.settings import ConfigError, load_detector_config
