@@ -241,6 +241,7 @@ def main() -> int:
     sims = {r["id"]: profile(enc, r["text"]) for r in rows}
     units = sum(map(len, sims.values()))
     corpus: dict[str, Profile] = {}
+    texts: list[dict[str, Any]] = []
     if args.corpus:
         with args.corpus.open(encoding="utf-8") as fh:
             texts = [
@@ -253,10 +254,12 @@ def main() -> int:
         corpus = {r["id"]: profile(enc, r["text"]) for r in texts}
         units += sum(map(len, corpus.values()))
     spent = time.process_time() - started
+    lengths = [len(u) for r in rows + texts for _, _, u in prose_units(r["text"])]
     print(
         f"{len(rows)} answers ({len(missed)} degenerate the surface signal misses), "
         f"{len(corpus)} corpus texts; {units} units, "
-        f"{1000 * spent / max(1, len(enc.cache)):.1f} ms of process time per encoded unit"
+        f"{1000 * spent / max(1, len(enc.cache)):.1f} ms of process time per encoded unit, "
+        f"median unit {statistics.median(lengths)} characters"
     )
     print(
         "tau K/M nu | caught /42 | of the missed | median / p90 chars after onset | "
