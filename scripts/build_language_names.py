@@ -100,43 +100,180 @@ def variants(name: str, phrase: str) -> set[str]:
     return {v for v in out if len(v) >= 2}
 
 
+#: Regions that share a name with a language (CLDR lists countries, not these): a request about
+#: Corsica, Sardinia or Java names a place, not a language.
+REGIONS = frozenset((
+    "corse", "corsica", "córcega", "corcega", "korsika", "córsega", "sardinia", "sardegna",
+    "cerdeña", "sardaigne", "sardinien", "sardenha", "java", "jawa", "bretagne", "brittany",
+    "bretaña", "galicia", "galice", "galizien", "catalonia", "catalunya", "cataluña",
+    "catalogne", "katalonien", "wales", "scotland", "écosse", "schottland", "escocia",
+    "friesland", "frisia", "bavaria", "bayern", "sicily", "sicilia", "sizilien", "provence",
+    "occitania", "occitanie", "asturias", "euskadi", "tibet", "xizang", "kurdistan", "tatarstan",
+    "bashkortostan", "chechnya", "ossetia", "yakutia", "sunda", "bali", "sindh", "punjab",
+    "kashmir", "gujarat", "bengal", "assam", "odisha", "tamil nadu", "kerala", "karnataka",
+    "andalucía", "andalusia", "valencia", "flanders", "flandre", "vlaanderen", "wallonie",
+    "wallonia", "lombardia", "lombardy", "venezia", "veneto", "napoli", "naples",
+))  # fmt: skip
+#: How often a word may occur (wordfreq's Zipf scale: 3.5 is about three in a million words)
+#: before it counts as a common word of that language rather than a name.
+COMMON_ZIPF = 3.5
+#: A name of a language the detector cannot judge only turns judging off, so only a word far
+#: more common than such a name could be is left out ("akan", Indonesian for "will": 6.8;
+#: "zulu" stays, 3.8 in Danish).
+VERY_COMMON_ZIPF = 4.5
+
+
+def _tries(kind: str) -> dict[str, marisa_trie.BytesTrie]:
+    root = Path(data_filename("trie/en/name_to_language.marisa")).parent.parent
+    out = {}
+    for folder in sorted(root.iterdir()):
+        path = folder / f"name_to_{kind}.marisa"
+        if path.exists():
+            trie = marisa_trie.BytesTrie()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                trie.load(str(path))
+            out[folder.name] = trie
+    return out
+
+
 def build() -> dict[str, object]:
-    judged: dict[str, str] = {}
-    other: dict[str, str] = {}
+    """The index: names of judged languages per phrase language, their own names, the names
+    of other languages, with places and common words left out (see the module docstring)."""
+    from wordfreq import available_languages
+
+    language_tries = _tries("language")
+    places: dict[str, set[str]] = {
+        lang: set(trie.keys()) for lang, trie in _tries("territory").items()
+    }
+    all_places = set().union(*places.values()) | REGIONS
+    by_language: dict[str, dict[str, str]] = {p: {} for p in PHRASE_LANGUAGES}
+    own: dict[str, str] = {}
+    other: dict[str, tuple[str, str]] = {}  # name -> (code, the language it is written in)
+    # The major languages' names in every other judged language ("angol" is English in
+    # Hungarian): read in any text, only ever to widen what is accepted.
+    major: dict[str, tuple[str, str]] = {}
     for phrase in (*PHRASE_LANGUAGES, *sorted(JUDGED)):
-        trie = _trie(phrase)
+        trie = language_tries.get(phrase)
         if trie is None:
             continue
-        own = phrase not in PHRASE_LANGUAGES
         for key, value in trie.items():
             code = _code(value.decode("utf-8"))
-            if own and code != phrase:
-                continue  # in a judged language's own trie, only its own name
             if any(ch.isdigit() for ch in key) or (key.isascii() and len(key) < 3):
                 continue
-            target = judged if code in JUDGED else other if len(code) == 2 else None
-            if target is None:
+            if code == phrase and code in JUDGED:
+                for form in variants(key, phrase):
+                    own.setdefault(form, code)
+            if phrase not in PHRASE_LANGUAGES:
+                if code in PHRASE_LANGUAGES:
+                    for form in variants(key, phrase):
+                        major.setdefault(form, (code, phrase))
                 continue
-            for form in variants(key, phrase):
-                target.setdefault(form, code)
-    for name, code in {**EXTRA, **ADVERBS}.items():
-        judged[name] = code
+            if code in JUDGED:
+                for form in variants(key, phrase):
+                    by_language[phrase].setdefault(form, code)
+            elif len(code) == 2:
+                for form in variants(key, phrase):
+                    other.setdefault(form, (code, phrase))
+    for name, code in EXTRA.items():
+        home = "es" if name == "castellano" else "en" if name.isascii() else "zh"
+        by_language[home][name] = code
+    by_language["cs"].update(ADVERBS)
     english = {code: langcodes.Language.get(code).display_name("en") for code in sorted(JUDGED)}
-    # A one-word name that is a common English word but not a language's English name ("iron"
-    # is Ossetian, "korea" Indonesian for Korean, "lets" Dutch for Latvian) names a thing.
-    own = {name.casefold() for name in english.values()}
-    common = {
-        n for n in (*judged, *other)
-        if n.isascii() and " " not in n and n not in own and zipf_frequency(n, "en") >= 3.5
-    }  # fmt: skip
-    clash = common | {n for n, c in judged.items() if other.get(n, c) != c}
+    wordlists = sorted(available_languages(wordlist="best"))
+
+    def zipf(name: str, lang: str) -> float:
+        """Zipf frequency of a one-word name; 0 for a phrase, and in Chinese, Japanese, Korean
+        and Thai, whose words wordfreq cuts with tokenizers this script does not need."""
+        if lang not in wordlists or lang in ("zh", "ja", "ko") or " " in name:
+            return 0.0
+        if re.search(r"[\u0e00-\u0e7f\u3040-\u9fff\uac00-\ud7af]", name):
+            return 0.0
+        return float(zipf_frequency(name, lang))
+
+    # What each word-listed language calls each language: where a word is one of those, its
+    # frequency there comes (at least in part) from that sense ("norsk" in Danish).
+    names_in: dict[str, dict[str, str]] = {}
+    for w in wordlists:
+        trie = language_tries.get(w)
+        if trie is not None:
+            found = names_in[w] = {}
+            for key, value in trie.items():
+                for form in variants(key, w):
+                    found.setdefault(form, _code(value.decode("utf-8")))
+
+    def common_elsewhere(name: str, code: str, home: str | None) -> bool:
+        """A common word of a language other than ``home`` where it does not name the same
+        language ("fins" in Portuguese, "jawa" in Malay)."""
+        return any(
+            zipf(name, w) >= COMMON_ZIPF
+            for w in wordlists
+            if w != home and names_in.get(w, {}).get(name) != code
+        )
+
+    def minor_common(name: str, code: str, home: str) -> bool:
+        """A minor language's name that is a common word where it is written ("corso",
+        Corsican in Italian but above all "course"; "akan", Indonesian for "will")."""
+        return code not in PHRASE_LANGUAGES and zipf(name, home) >= COMMON_ZIPF
+
+    # Each language's own name ("suomi", "eesti": common at home because they are its name),
+    # unless it is a region, or a minor language's name that is a common word of another.
+    own = {
+        n: c
+        for n, c in own.items()
+        if n not in REGIONS and (c in PHRASE_LANGUAGES or not common_elsewhere(n, c, c))
+    }
+    canonical = {name.casefold() for name in english.values()} | set(own)
+
+    def keep(name: str, code: str, home: str) -> bool:
+        """A name read in a text written in ``home``: never a place there ("Italien" is Italy
+        in German, "Estonia" Estonia in Indonesian), never a minor language's name that is
+        above all a common word there."""
+        if name in canonical:
+            return name not in REGIONS
+        if name in REGIONS or name in places.get(home, ()):
+            return False
+        return not minor_common(name, code, home)
+
+    by_language = {
+        phrase: dict(sorted((n, c) for n, c in found.items() if keep(n, c, phrase)))
+        for phrase, found in by_language.items()
+    }
+    # Names read in a text of any language (only ever to widen what is accepted): no place
+    # anywhere, no common word of any language but the one the name belongs to.
+    anywhere: dict[str, str] = dict(own)
+    for phrase, found in by_language.items():
+        for name, code in found.items():
+            if name in canonical or (
+                name not in all_places
+                and not common_elsewhere(name, code, phrase)
+                and not any(minor_common(name, code, w) for w in wordlists)
+            ):
+                anywhere.setdefault(name, code)
+    for name, (code, home) in major.items():
+        if (
+            name not in anywhere
+            and name not in all_places
+            and not common_elsewhere(name, code, home)
+        ):
+            anywhere[name] = code
+    unjudged = sorted(
+        n
+        for n, (c, home) in other.items()
+        if n not in anywhere
+        and n not in all_places
+        and not any(zipf(n, w) >= VERY_COMMON_ZIPF for w in wordlists)
+    )
     tags = {alias: code for alias, code in MEMBERS.items()}
     tags.update({"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "mo": "ro"})
     return {
-        "source": f"language_data {version('language-data')}, langcodes {version('langcodes')}",
-        "judged": dict(sorted((n, c) for n, c in judged.items() if n not in clash)),
+        "source": f"language_data {version('language-data')}, langcodes {version('langcodes')}, "
+        f"wordfreq {version('wordfreq')}",
+        "anywhere": dict(sorted(anywhere.items())),
+        "by_language": by_language,
+        "own": dict(sorted(own.items())),
         "english": english,
-        "unjudged": sorted(n for n in other if n not in judged and n not in common),
+        "unjudged": unjudged,
         "tags": dict(sorted(tags.items())),
     }
 
@@ -144,4 +281,8 @@ def build() -> dict[str, object]:
 if __name__ == "__main__":
     data = build()
     OUT.write_text(json.dumps(data, ensure_ascii=False, indent=0, sort_keys=False) + "\n")
-    print(f"{OUT}: {len(data['judged'])} names of judged languages, {len(data['unjudged'])} others")
+    print(
+        f"{OUT}: {len(data['anywhere'])} names read anywhere, "  # type: ignore[arg-type]
+        f"{sum(map(len, data['by_language'].values()))} per phrase language, "  # type: ignore[union-attr]
+        f"{len(data['unjudged'])} names of other languages"  # type: ignore[arg-type]
+    )

@@ -51,10 +51,20 @@ _DATA = Path(__file__).with_name("language_names.json")
 
 
 class Names(NamedTuple):
-    """The loaded index: written name -> code (:data:`UNJUDGED` for other languages), the
-    English display name of each judged code, and old or member tags -> code."""
+    """The loaded index (see the module docstring).
+
+    ``codes``: the names read in a text of any language -> code (:data:`UNJUDGED` for other
+    languages), with no place and no common word of any language among them: a mention only
+    ever widens what is accepted, or turns judging off. ``by_language``: the names of judged
+    languages written in each phrase language, each checked against that language's places and
+    common words ("italien" is French for Italian, and Italy in German), which the phrase rules
+    of that language read. ``own``: each judged language's name in itself. ``every``: all of
+    them, for a client's explicit ``x-guard-language``."""
 
     codes: dict[str, str]
+    by_language: dict[str, dict[str, str]]
+    own: dict[str, str]
+    every: dict[str, str]
     english: dict[str, str]
     tags: dict[str, str]
 
@@ -64,8 +74,13 @@ def names() -> Names:
     """The index, loaded on first use (the server loads it at start-up)."""
     data = json.loads(_DATA.read_text(encoding="utf-8"))
     codes = dict.fromkeys(data["unjudged"], UNJUDGED)
-    codes.update(data["judged"])
-    return Names(codes, data["english"], data["tags"])
+    codes.update(data["anywhere"])
+    every: dict[str, str] = {}
+    for found in data["by_language"].values():
+        every.update(found)
+    every.update(data["own"])
+    every.update(data["anywhere"])
+    return Names(codes, data["by_language"], data["own"], every, data["english"], data["tags"])
 
 
 _TAG = re.compile(r"^[a-z]{2,3}(?:[-_][a-z0-9]{1,8})*$")
@@ -85,7 +100,7 @@ def resolve(value: str) -> str | None:
         base = index.tags.get(base, base)
         if base in JUDGED:
             return base
-    code = index.codes.get(text)
+    code = index.every.get(text)
     return code if code in JUDGED else None
 
 
