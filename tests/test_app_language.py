@@ -20,7 +20,14 @@ ENGLISH = (
     "and bends again on the way out. Each colour bends by a slightly different angle, so the "
     "white light spreads into a band of colours, red on the outside and violet inside. You see "
     "it with the sun behind you and the rain in front of you, at about forty-two degrees. "
-) * 3
+    "Sometimes a second, fainter bow appears above the first one: the light has reflected twice "
+    "inside each drop, which turns the order of the colours around, so red is on the inside. "
+    "Between the two bows the sky looks darker, a band called Alexander's dark band, because "
+    "no drop there sends light towards your eyes. A rainbow is not an object at a place: every "
+    "observer sees their own one, made by different drops, and it moves when you move. From an "
+    "aeroplane you can even see the whole circle, since the ground no longer hides its lower "
+    "half, and a garden hose on a sunny afternoon makes a small one you can walk around. "
+)
 ASK = "Explain how a rainbow forms, for a curious teenager. Reply in French."
 
 

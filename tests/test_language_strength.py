@@ -1,9 +1,10 @@
-"""Expectation strength, on prompt *shapes* (templates x languages), not one phrasing.
+"""Expectation tiers on prompt *shapes* (templates x languages), not one phrasing.
 
-Strong: an instruction that binds the answer to a language, in English or the language's own
-phrasing, the client's header, a prompt in another language than English. Weak: a language named
-as the prompt's subject, which accepts the prompt's language and every language it names. None:
-a request for a language the detector cannot judge (never the prompt's language instead).
+Strong (narrows to one language): the client's header, the operator's code, an unambiguous
+instruction about the answer (in English or the language's own phrasing). Weak (widens): the
+conversation's own languages and every language a prompt names (a subject, a text to write, a
+translation's target). None: a request for a language the detector cannot judge (never the
+prompt's language instead).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 from proxy.cli.score import split_deltas
 from proxy.core.language_names import JUDGED, english_name, resolve
 from proxy.core.language_rule import language_instruction
-from proxy.core.requested_language import derive
+from proxy.core.requested_language import Expectation, derive
 from proxy.core.rewrite import RewritePolicy, rewrite_request
 from proxy.detect import Detector
 from proxy.observability.metrics import Metrics
@@ -45,17 +46,23 @@ SUBJECT_SHAPES = [
     "Is {L} grammar hard for beginners?",
     "In {L}, how do you ask for directions politely?",
 ]
+# Directives whose object is the answer: they narrow.
 ENGLISH_REQUESTS = [
     "Please respond in {L}: what is the capital of Australia?",
     "I need the answer in {L}: how do vaccines work?",
-    "Write a short email in {L} to my landlord about a broken heater.",
     "Reply in {L}. Explain how a rainbow forms.",
     "Explain how a rainbow forms. Answer in {L}, please.",
     "Write your answer in {L}: why do leaves change colour?",
+    "{L} only: how do vaccines work?",
+    "Summarize this article in {L}.",
+]
+# Texts to write in a language where more may follow the name, and translations (whose answer
+# may explain in the prompt's language): they widen, accepting English and the language.
+ENGLISH_WIDENING = [
+    "Write a short email in {L} to my landlord about a broken heater.",
     "Translate the following text into {L}: the weather is nice today.",
     "Write a 100-word poem in {L} including the words moon, river and bread.",
     "Create a dialogue in {L} between a shopkeeper and a customer.",
-    "Summarize this article in {L}.",
 ]
 # Requests written in the requested language itself (the prompt is in that language too).
 NATIVE_REQUESTS = {
@@ -112,9 +119,13 @@ SUBJECT_NAMES = ["Spanish", "German", "Japanese", "Catalan", "Turkish", "Arabic"
 REQUEST_NAMES = ["Spanish", "Korean", "Turkish", "Catalan", "Croatian", "Urdu", "Tagalog"]
 
 
+def derive_prompt(text: str) -> Expectation:
+    return derive([("user", text)])
+
+
 @pytest.mark.parametrize(("shape", "name"), pairs(SUBJECT_SHAPES, SUBJECT_NAMES, 3))
 def test_a_language_as_the_subject_is_weak_and_accepts_english(shape: str, name: str) -> None:
-    found = derive([], shape.format(L=name))
+    found = derive_prompt(shape.format(L=name))
     assert (found.code, found.strength) == ("en", "weak")
     assert {"en", LANGUAGES[name]} <= found.accepted
     rw = rewrite_request(chat(shape.format(L=name)), "chat", AUTO)
@@ -125,39 +136,52 @@ def test_a_language_as_the_subject_is_weak_and_accepts_english(shape: str, name:
 @pytest.mark.parametrize(("shape", "name"), pairs(ENGLISH_REQUESTS, REQUEST_NAMES, 3))
 def test_an_english_request_for_the_answer_is_strong(shape: str, name: str) -> None:
     code = LANGUAGES[name]
-    found = derive([], shape.format(L=name))
+    found = derive_prompt(shape.format(L=name))
     assert (found.code, found.strength, found.source) == (code, "strong", "request")
     assert found.accepted == {code}
     assert rewrite_request(chat(shape.format(L=name)), "chat", AUTO).injected_language == code
 
 
+@pytest.mark.parametrize(("shape", "name"), pairs(ENGLISH_WIDENING, REQUEST_NAMES, 3))
+def test_a_text_to_write_or_translate_in_a_language_widens(shape: str, name: str) -> None:
+    code = LANGUAGES[name]
+    found = derive_prompt(shape.format(L=name))
+    assert found.strength == "weak"
+    assert {"en", code} <= found.accepted
+    assert rewrite_request(chat(shape.format(L=name)), "chat", AUTO).injected_language is None
+
+
 @pytest.mark.parametrize(("code", "text"), sorted({**NATIVE_REQUESTS}.items()))
 def test_a_native_request_is_strong(code: str, text: str) -> None:
-    found = derive([], text)
+    found = derive_prompt(text)
     assert (found.code, found.strength) == (code, "strong")
 
 
 @pytest.mark.parametrize(("code", "text"), sorted(CROSS_REQUESTS.items()))
 def test_a_request_for_a_third_language_never_expects_the_prompts(code: str, text: str) -> None:
-    found = derive([], text)
+    found = derive_prompt(text)
     assert (found.code, found.strength, found.reason) == (code, "strong", "instruction")
     assert rewrite_request(chat(text), "chat", AUTO).injected_language == code
 
 
 @pytest.mark.parametrize("text", UNJUDGED_REQUESTS)
 def test_a_language_the_detector_cannot_judge_gives_no_expectation(text: str) -> None:
-    found = derive([], text)
+    found = derive_prompt(text)
     assert (found.code, found.strength, found.reason) == (None, "none", "unjudged")
     rw = rewrite_request(chat(text), "chat", AUTO)
     assert (rw.expected_language, rw.injected_language) == (None, None)
 
 
-def test_an_english_prompt_without_a_request_is_weak_and_gets_no_instruction() -> None:
-    text = "Write a long story about the sea and the mountains of Scotland, please."
-    assert derive([], text).strength == "weak"
-    assert rewrite_request(chat(text), "chat", AUTO).injected_language is None
-    german = "Schreibe bitte eine lange Geschichte über das Meer und die Berge in Bayern."
-    assert (derive([], german).code, derive([], german).strength) == ("de", "strong")
+def test_a_prompt_without_a_request_is_weak_and_gets_no_instruction() -> None:
+    """The prompt's language is read, not asked for: it is accepted, and ``auto`` injects
+    nothing (a guess is never told to the model)."""
+    for text, code in (
+        ("Write a long story about the sea and the mountains of Scotland, please.", "en"),
+        ("Schreibe bitte eine lange Geschichte über das Meer und die Berge in Bayern.", "de"),
+    ):
+        found = derive_prompt(text)
+        assert (found.code, found.strength, found.accepted) == (code, "weak", {code})
+        assert rewrite_request(chat(text), "chat", AUTO).injected_language is None
 
 
 def test_a_request_after_a_long_article_is_read() -> None:
@@ -201,9 +225,12 @@ def test_the_shipped_index_matches_langcodes() -> None:
     data = json.loads(
         (Path(__file__).parent.parent / "proxy/core/language_names.json").read_text("utf-8")
     )
-    sample = ["english", "französisch", "inglés", "английский", "英语", "영어", "katalanisch"]
-    for name in sample:
-        assert data["judged"][name] == langcodes.find(name).language
+    sample = {
+        "en": "english", "de": "französisch", "es": "inglés", "ru": "английский", "zh": "英语",
+        "ko": "영어", "fr": "catalan",
+    }  # fmt: skip
+    for phrase, name in sample.items():
+        assert data["by_language"][phrase][name] == langcodes.find(name).language
     assert data["english"]["hr"] == langcodes.Language.get("hr").display_name("en")
 
 
@@ -244,14 +271,20 @@ def test_the_header_and_the_metric_say_the_strength(
     """Through a running proxy: a prompt about Spanish is weak (English and Spanish accepted,
     nothing injected under auto), a client's ``x-guard-language: pt-BR`` is strong Portuguese;
     ``x-guard-language`` and ``guard_language_expectation_total`` say so."""
-    fake_upstream.script = Script(texts=["Por means 'by' or 'through'; para means 'for'. " * 4])
+    fake_upstream.script = Script(
+        texts=[
+            "Por means 'by' or 'through' and marks a cause or a route; para means 'for' and "
+            "marks a purpose or a destination. So you travel por the park para school, and a "
+            "gift is para your friend because of (por) her birthday."
+        ]
+    )
     metrics = Metrics()
     base = proxy_server(language="auto", allow_client_override=True, metrics=metrics)
     body = {"model": "m", "messages": chat(SUBJECT_SHAPES[0].format(L="Spanish"))["messages"]}
     r = httpx.post(base + "/v1/chat/completions", json=body)
-    assert r.headers["x-guard-language"] == (
-        "en; source=prompt; by=subject; strength=weak; accepts=en,es"
-    )
+    said = r.headers["x-guard-language"]
+    assert said.startswith("en; source=prompt; by=conversation; strength=weak; accepts=")
+    assert {"en", "es"} <= set(said.rsplit("=", 1)[1].split(","))
     assert r.json()["choices"][0]["finish_reason"] == "stop"
     assert fake_upstream.guarded_requests()[0].json["messages"] == body["messages"]
     r = httpx.post(base + "/v1/chat/completions", json=body, headers={"x-guard-language": "pt-BR"})

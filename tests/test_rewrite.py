@@ -215,6 +215,24 @@ ITALIAN = "Scrivi una storia lunga sul mare e sulle montagne della Sardegna, per
         ("Напиши, пожалуйста, длинную историю о море и горах Кавказа.", "ru"),
     ],
 )
+def test_auto_never_injects_the_language_a_prompt_is_written_in(text: str, code: str) -> None:
+    """The prompt's language is a reading (identification), not a request: it is expected, but
+    never told to the model; only a declared or unambiguously requested language is."""
+    body = chat(messages=[{"role": "user", "content": text}])
+    rw = rewrite_request(body, "chat", RewritePolicy(language="auto"))
+    assert (rw.expected_language, rw.injected_language) == (code, None)
+    assert rw.body["messages"] == body["messages"]
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ("Rispondi in italiano: come funzionano i vaccini?", "it"),
+        ("Réponds en français : comment fonctionnent les vaccins ?", "fr"),
+        ("Antworte bitte auf Deutsch: Wie funktionieren Impfstoffe?", "de"),
+        ("Ответь на русском языке: как работают вакцины?", "ru"),
+    ],
+)
 def test_auto_language_instructs_in_the_users_language(text: str, code: str) -> None:
     body = chat(messages=[{"role": "user", "content": text}])
     rw = rewrite_request(body, "chat", RewritePolicy(language="auto"))
@@ -238,14 +256,18 @@ def auto() -> RewritePolicy:
     return RewritePolicy(language="auto")
 
 
-def test_auto_language_reads_the_latest_user_message_and_text_parts() -> None:
+def test_auto_language_reads_every_user_message_and_text_parts() -> None:
     messages = [
         {"role": "user", "content": "Write me a long story about the sea and the mountains."},
         {"role": "assistant", "content": "Sure."},
-        {"role": "user", "content": [{"type": "text", "text": ITALIAN}]},
+        {"role": "user", "content": [{"type": "text", "text": ITALIAN + " Rispondi in italiano."}]},
     ]
     rw = rewrite_request(chat(messages=messages), "chat", RewritePolicy(language="auto"))
     assert rw.injected_language == "it"
+    plain = [*messages[:2], {"role": "user", "content": [{"type": "text", "text": ITALIAN}]}]
+    rw = rewrite_request(chat(messages=plain), "chat", RewritePolicy(language="auto"))
+    assert rw.injected_language is None
+    assert rw.expectation.accepted == {"en", "it"}  # both turns' languages
 
 
 def test_auto_language_skips_short_messages() -> None:
@@ -327,19 +349,21 @@ def test_auto_injects_nothing_when_unsure() -> None:
     ):
         body = chat(messages=[{"role": "user", "content": text}])
         rw = rewrite_request(body, "chat", RewritePolicy(language="auto"))
-        assert (rw.expected_language, rw.injected_language) == (None, None)
+        assert rw.injected_language is None
+        assert rw.expectation.strength != "strong"
         assert rw.body["messages"] == body["messages"]
 
 
 def test_default_settings_expect_the_requested_language_without_injecting() -> None:
     """GUARD_LANGUAGE=off: the English prompt that asks for Hindi expects Hindi; an English
-    prompt without a request expects nothing; the request is not edited."""
+    prompt without a request expects English (weak); the request is not edited."""
     asked = chat(messages=[{"role": "user", "content": "Explain rainbows. Reply in Hindi."}])
     rw = rewrite_request(asked, "chat", RewritePolicy())
     assert (rw.expected_language, rw.injected_language) == ("hi", None)
     assert rw.body["messages"] == asked["messages"]
     plain = chat(messages=[{"role": "user", "content": "Explain how a rainbow forms, please."}])
-    assert rewrite_request(plain, "chat", RewritePolicy()).expectation.reason == "english"
+    english = rewrite_request(plain, "chat", RewritePolicy()).expectation
+    assert (english.code, english.strength, english.reason) == ("en", "weak", "conversation")
     short = chat(messages=[{"role": "user", "content": "什么是量子计算？"}])
     assert rewrite_request(short, "chat", RewritePolicy()).expected_language == "zh"
 

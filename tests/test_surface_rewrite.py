@@ -9,7 +9,10 @@ import pytest
 from proxy.core.rewrite import RewritePolicy, rewrite_request
 from proxy.errors import BadRequest
 
-ITALIAN = "Raccontami qualcosa sulla storia di Roma antica, per favore, con qualche dettaglio."
+ASK = " Rispondi in italiano."
+ITALIAN = (
+    "Raccontami qualcosa sulla storia di Roma antica, per favore, con qualche dettaglio." + ASK
+)
 
 
 @pytest.mark.parametrize(
@@ -79,6 +82,10 @@ def test_responses_auto_language_reads_the_input(turns: Any) -> None:
     rw = rewrite_request({"input": turns}, "responses", RewritePolicy(language="auto"))
     assert rw.expected_language == rw.injected_language == "it"
     assert "italiano" in rw.body["instructions"]
+    plain = str(turns).replace(ASK, "") if isinstance(turns, str) else None
+    if plain is not None:  # the prompt's own language is expected, never injected
+        rw = rewrite_request({"input": plain}, "responses", RewritePolicy(language="auto"))
+        assert (rw.expected_language, rw.injected_language) == ("it", None)
 
 
 def test_messages_auto_language_reads_the_last_user_turn_and_keeps_system_blocks() -> None:

@@ -33,9 +33,13 @@ def _fresh_memo() -> None:
     MEMO.clear()
 
 
+def expect(system: list[str], prompt: str) -> rl.Expectation:
+    return derive([*(("system", t) for t in system), ("user", prompt)])
+
+
 def _uncached(system: list[str], prompt: str) -> rl.Expectation:
     MEMO.clear()
-    return derive(system, prompt)
+    return expect(system, prompt)
 
 
 @pytest.mark.parametrize("system", SYSTEMS)
@@ -44,24 +48,27 @@ def test_a_text_seen_before_gets_the_same_expectation(system: list[str]) -> None
     MEMO.clear()
     for _ in range(2):  # first from reading, then from the memo
         for prompt in PROMPTS:
-            assert derive(system, prompt) == fresh[prompt], prompt
+            assert expect(system, prompt) == fresh[prompt], prompt
 
 
 def test_a_text_seen_before_is_not_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    real_read, real_language = rl.read, rl.prompt_language
-    monkeypatch.setattr(rl, "read", lambda text: calls.append("read") or real_read(text))
+    real_read, real_language, real_turn = rl.read, rl.prompt_language, rl.turn_languages
+    monkeypatch.setattr(
+        rl, "read", lambda text, language=None: calls.append("read") or real_read(text, language)
+    )
     monkeypatch.setattr(
         rl, "prompt_language", lambda text: calls.append("language") or real_language(text)
     )
+    monkeypatch.setattr(rl, "turn_languages", lambda text: calls.append("turn") or real_turn(text))
     system = ["You are a helpful assistant."]
-    first = derive(system, "Wie funktioniert ein Fahrrad?")
-    assert calls == ["read", "read", "language"]
+    first = expect(system, "Wie funktioniert ein Fahrrad?")
+    assert calls == ["language", "read", "language", "read", "turn"]
     calls.clear()
-    assert derive(system, "Wie funktioniert ein Fahrrad?") == first
-    derive(system, "Write a poem.")
+    assert expect(system, "Wie funktioniert ein Fahrrad?") == first
+    expect(system, "Write a poem.")
     # the system prompt is answered from the memo; only the new user turn is read
-    assert calls == ["read", "language"]
+    assert calls == ["language", "read", "turn"]
 
 
 def test_the_memo_keeps_digests_never_text_and_a_bounded_number() -> None:
@@ -77,7 +84,7 @@ def test_the_memo_keeps_digests_never_text_and_a_bounded_number() -> None:
     kept = set(memo.digests())
     again = TextMemo(size=8)
     for text in texts[-8:]:
-        again.seen(text)
+        again.language(text)
     assert len(kept & set(again.digests())) == 7
     held = repr([(s.reading, s.language) for s in memo._entries.values()])
     assert "lighthouse" not in held

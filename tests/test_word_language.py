@@ -30,7 +30,7 @@ from proxy.detect.word_language import Frequencies, frequencies, identify_by_wor
 )
 def test_short_questions_get_their_language(text: str, code: str) -> None:
     assert prompt_language(text) == code
-    assert derive([], text).code == code
+    assert derive([("user", text)]).code == code
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ An explicit instruction in the user's own language measurably reduces drift into
 Chinese) on long answers; it is written in that language where a native sentence is known, else
 in English naming the language. Chat gets it in its system message, Responses in
 ``instructions``, Messages in ``system``; completions get none (their prompt is raw text the
-proxy must not edit). :func:`request_texts` reads the texts the expected language is derived
+proxy must not edit). :func:`request_turns` reads the texts the expected language is derived
 from (:mod:`proxy.core.requested_language`). Pure: dicts in, dicts out.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from proxy.core.language_names import english_name
 from proxy.core.records import Endpoint
-from proxy.core.requested_language import Expectation
+from proxy.core.requested_language import Expectation, Role
 
 LANGUAGE_INSTRUCTIONS: Mapping[str, str] = {
     "en": "Respond only in English. Do not use any other language.",
@@ -96,38 +96,41 @@ def constrain_language(
     return code
 
 
-def request_texts(body: dict[str, Any], endpoint: Endpoint) -> tuple[list[str], str]:
-    """(system/developer texts, the last user turn's text) of any surface's request."""
+def request_turns(body: dict[str, Any], endpoint: Endpoint) -> list[tuple[Role, str]]:
+    """Every text of any surface's request in order, with who wrote it: system and developer
+    messages, Responses ``instructions`` and Messages ``system`` (the operator's), user turns,
+    and assistant turns (the model's own, which the derivation does not read). A completion's
+    prompt is the user's."""
     if endpoint == "completions":
         prompt = body.get("prompt")
-        return [], prompt if isinstance(prompt, str) else ""
-    instructions: list[str] = []
+        return [("user", prompt)] if isinstance(prompt, str) else []
+    out: list[tuple[Role, str]] = []
     if endpoint == "responses":
         given = body.get("instructions")
         if isinstance(given, str):
-            instructions.append(given)
+            out.append(("system", given))
         turns = body.get("input")
         if isinstance(turns, str):
-            return instructions, turns
+            out.append(("user", turns))
+            return out
     elif endpoint == "messages":
         system = body.get("system")
         if isinstance(system, str):
-            instructions.append(system)
+            out.append(("system", system))
         elif isinstance(system, list):
-            instructions.append(message_text({"content": system}))
+            out.append(("system", message_text({"content": system})))
         turns = body.get("messages")
     else:
         turns = body.get("messages")
-    last_user = ""
     for message in turns if isinstance(turns, list) else ():
         if not isinstance(message, dict):
             continue
         role = message.get("role")
         if role in ("system", "developer"):
-            instructions.append(message_text(message))
-        elif role == "user":
-            last_user = message_text(message)
-    return instructions, last_user
+            out.append(("system", message_text(message)))
+        elif role in ("user", "assistant"):
+            out.append((role, message_text(message)))
+    return out
 
 
 def message_text(message: dict[str, Any]) -> str:

@@ -154,3 +154,85 @@ def _identified(clean: str, within: set[str] | None, *, words: bool = False) -> 
     from proxy.detect.word_language import identify_by_words
 
     return identify_by_words(clean, top)
+
+
+#: A language identification finds at least this likely for a turn is accepted beside the
+#: likeliest: a short turn is often read as a close or neighbouring language ("Kuidas ma saan
+#: …", Estonian, reads as Finnish 0.48, Estonian 0.16), and a guess may only widen.
+_ALTERNATIVE = 0.10
+#: A paragraph, quoted span or stretch of one script this confidently in a language adds it (a
+#: pasted email, an error message, a song line the user asks about).
+_SEGMENT_CONFIDENCE = 0.5
+_SEGMENT_LETTERS = 20
+_MAX_SEGMENTS = 40
+_SEGMENTS = re.compile(
+    r"[^\n]+|\"[^\"\n]{8,}\"|“[^”\n]{8,}”|«[^»\n]{8,}»|「[^」\n]{4,}」|'[^'\n]{8,}'"
+)
+# Code, and text in quotes, is what the user shows rather than what they write: the turn's own
+# language is read without it (a Chinese request to summarise a quoted English paragraph is
+# Chinese), and its language is added apart.
+_CODE = re.compile(r"```.*?(?:```|$)|`[^`\n]*`", re.S)
+_QUOTED = re.compile(
+    r"\"[^\"\n]{3,}?\"|“[^”\n]{3,}?”|„[^“”\n]{3,}?[“”]|«[^»\n]{3,}?»|「[^」\n]*」|『[^』\n]*』"
+    r"|(?<![\w])'[^'\n]{3,}?'(?![\w])"
+)
+# Words only English writes among the languages people mix with it: two of them in a turn make
+# English one of its languages (code-switched Hinglish, Taglish, Spanglish).
+_ENGLISH_WORDS = frozenset((
+    "the", "what", "how", "why", "which", "does", "you", "your", "with", "this", "that",
+    "from", "have", "please", "should", "would", "could", "about", "there", "they", "want",
+    "need", "thanks", "thank", "just", "know", "because", "really", "something", "anyone",
+    "and", "like", "but", "i'm", "it's", "don't", "can't", "doesn't", "isn't", "what's",
+    "let's", "you're", "that's", "easy", "help",
+))  # fmt: skip
+_LATIN_WORD = re.compile(r"[a-z']+")
+_LATIN_RUN = re.compile(r"[A-Za-z\u00c0-\u024f'’]+(?:[\s,.;:!?-]+[A-Za-z\u00c0-\u024f'’]+)*")
+# Arabic written in Latin letters and digits ("3afak", "n9der", "7abibi"): Arabic too.
+_ARABIZI = re.compile(r"\b[a-z]*[a-z][235679][a-z]+\b|\b[235679][a-z]{2,}\b")
+
+
+def prose(text: str) -> str:
+    """``text`` without code and quoted spans: the words the writer wrote themselves."""
+    if "`" in text:
+        text = _CODE.sub(" ", text)
+    return _QUOTED.sub(" ", text)
+
+
+def turn_languages(text: str) -> tuple[str | None, frozenset[str]]:
+    """The language a user turn is written in, and every language it may be in.
+
+    The first is :func:`prompt_language` of the turn's own words (without code and quotes), else
+    of the whole turn. The set adds the languages identification finds nearly as likely,
+    English where English words are mixed in, Arabic where Arabic is written in Latin letters
+    and digits, and the languages of its paragraphs, quoted spans and runs of one script. Only
+    ever used to widen what an answer may be in, so every plausible reading counts."""
+    from proxy.detect.language import classify, classify_top, strip_noise
+
+    own = prose(text)
+    main = prompt_language(own) if own.strip() != text.strip() else None
+    main = main or prompt_language(text)
+    out: set[str] = {main} if main else set()
+    clean = strip_noise(text)
+    if not _LETTER.search(clean):
+        return main, frozenset(out)
+    if main is not None:  # around an identified language; an unsure one gives no guess
+        for code, prob in classify_top(strip_noise(own)[:4000] or clean[:4000], 3):
+            if prob >= _ALTERNATIVE and len(code) == 2:
+                out.add(_MERGED.get(code, code))
+    low = clean.lower()
+    if len(_ENGLISH_WORDS.intersection(_LATIN_WORD.findall(low))) >= 2:
+        out.add("en")
+    if len(_ARABIZI.findall(text.lower())) >= 2:
+        out.add("ar")
+    pieces = [m[0] for m in _SEGMENTS.finditer(text)]
+    if _SCRIPTED.search(clean) and _LATIN_WORD.search(low):
+        pieces += [m[0] for m in _LATIN_RUN.finditer(clean)]  # the Latin stretches of a mix
+        pieces.append(_LATIN_RUN.sub(" ", clean))  # and the rest
+    for piece in pieces[:_MAX_SEGMENTS]:
+        piece = strip_noise(piece)
+        if len(_LETTER.findall(piece)) < _SEGMENT_LETTERS or len(piece) >= len(clean):
+            continue
+        found = classify(piece)
+        if found is not None and found[1] >= _SEGMENT_CONFIDENCE and len(found[0]) == 2:
+            out.add(_MERGED.get(found[0], found[0]))
+    return main, frozenset(out)

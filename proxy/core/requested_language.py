@@ -1,32 +1,30 @@
-"""The language an answer must be in, derived from what the client asked, and how sure that is.
+"""The languages an answer may be in, read from the request: evidence in tiers.
 
-The expectation decides two things: which language ``GUARD_LANGUAGE=auto`` pins in the request,
-and which languages the detector accepts in the answer. Getting it wrong is worse than having
-none: an English instruction injected into "Reply in French. Explain …" makes the model answer
-against the user's wish, and the detector then aborts the correct French answer; an English
-answer to "Explain the difference between *por* and *para* in Spanish" is the right answer, not
-drift. So an expectation has a **strength**:
+A wrong reading must never cut a correct answer. So each kind of evidence may do only what its
+certainty allows (the table is in ``docs/language.md``):
 
-* *strong* — the client's ``x-guard-language``, the operator's ``GUARD_LANGUAGE=<code>``, an
-  instruction that binds the *answer* to a language ("Reply in French", "Please respond in
-  Turkish: …", "Write a short email in Korean …", "translate … into Italian", "rispondi in
-  inglese", "auf Englisch", "用英文回答", "日本語で答えて"), or a prompt written in a language other
-  than English that names no other language. Only that language is accepted; ``auto`` injects it.
-* *weak* — a language named as the prompt's *subject* ("Explain … in Spanish" about grammar or
-  words, "In German, why does the verb move?", "What do English speakers get wrong in French?"),
-  an English prompt with no instruction, or anything the derivation is unsure of. The prompt's
-  language and every language the prompt names are accepted; ``auto`` injects nothing.
+* **Declared** — the client's ``x-guard-language``, the operator's ``GUARD_LANGUAGE=<code>``
+  (:func:`proxy.core.rewrite.expect_language`): the answer must be in that language.
+* **Instructed** — an unambiguous directive whose object is the answer: "answer / reply /
+  respond / write your answer in X", "in X, please" or "Language: X" as a clause of its own, and
+  the same few forms in the languages the detector judges best ("responde en X", "antworte auf
+  X", "用X回答", "Xで答えて", "X로 답해" …). Not negated, not conditional, not inside quotes or
+  code; from any system/developer text or user turn, the latest winning. It narrows what is
+  accepted to X, and only it tells ``auto`` what to inject.
+* **The conversation's own languages** — what every user turn is written in (English
+  included), with the languages identification finds nearly as likely for a short turn, and
+  the languages of text a turn quotes or pastes. Accepted.
+* **Read from the text** — every language named anywhere in the request (a subject, an
+  adjective, a condition, a translation's target). Only ever *added* to what is accepted.
+* **Negation** ("do not answer in X", "no me contestes en X") removes X and narrows nothing else.
+  A **condition** ("if the user writes in X, answer in X"; "otherwise, reply in Y") narrows
+  nothing: a text that makes its language rules conditional only names languages.
 
-No expectation: two different requested languages, a translation with no target ("Translate
-this:"), a requested language the detector cannot judge (Zulu, Hausa …: never the prompt's
-language instead), or a prompt whose language cannot be told.
+No expectation: a request for (or in a marked form, a mention of) a language the detector cannot
+judge; a translation with no target; nothing identifiable; everything removed by negation.
 
-An instruction is a language named in a marked form (a preposition before the name, "in French",
-"на русском", "用英文", or a case ending after it, "英語で", "영어로", "हिंदी में") in the same
-clause as a directive verb (reply, write, use, translate …, in the same languages), where nothing
-before the name in the clause makes the language the subject (words about words, grammar,
-speakers, learning, "how do you say"). Names come from langcodes (:mod:`proxy.core.language_names`),
-the phrase markers and verbs are written here. Pure and fast: a few dictionary look-ups per word.
+Names are the curated index of :mod:`proxy.core.language_names` (no places, no common words).
+Pure: rules, a name index and the language model that :mod:`proxy.detect.language` loads once.
 """
 
 from __future__ import annotations
@@ -35,20 +33,25 @@ import contextlib
 import hashlib
 import re
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from proxy.core.language_names import UNJUDGED, names
-from proxy.core.prompt_language import prompt_language
+from proxy.core.prompt_language import prompt_language, prose, turn_languages
 
 #: Where an expectation came from (a bounded metric label): the client's request (its header
-#: or an instruction in it), the prompt's own language, the operator's configuration, or nowhere.
+#: or an instruction in it), the conversation's own languages, the operator's configuration,
+#: or nowhere.
 Source = Literal["request", "prompt", "config", "none"]
 SOURCES: tuple[Source, ...] = ("request", "prompt", "config", "none")
-#: How sure the expectation is (a bounded metric label; see the module docstring).
+#: How sure the expectation is (a bounded metric label): strong narrows to one language
+#: (declared or instructed), weak accepts every language the request gives a reason for.
 Strength = Literal["strong", "weak", "none"]
 STRENGTHS: tuple[Strength, ...] = ("strong", "weak", "none")
+#: Who wrote a text of the request: the operator (system, developer, Responses instructions,
+#: Messages system), the user, or the model (earlier answers, never read).
+Role = Literal["system", "user", "assistant"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +61,8 @@ class Expectation:
 
     code: str | None
     source: Source
-    #: A short fixed word saying why: header, instruction, prompt, subject, conflict,
-    #: translation, unjudged, config, english, unknown, off.
+    #: A short fixed word saying why: header, config, instruction, conversation, translation,
+    #: unjudged, negated, unknown, off.
     reason: str
     strength: Strength = "strong"
     accepted: frozenset[str] = frozenset()
@@ -73,7 +76,8 @@ class Expectation:
 
     def header(self) -> str:
         """The ``x-guard-language`` response header, e.g. ``fr; source=request; by=instruction;
-        strength=strong`` or ``en; source=prompt; by=subject; strength=weak; accepts=en,es``."""
+        strength=strong`` or
+        ``en; source=prompt; by=conversation; strength=weak; accepts=en,es``."""
         out = f"{self.code or 'none'}; source={self.source}; by={self.reason}"
         out += f"; strength={self.strength}"
         if self.strength == "weak":
@@ -96,7 +100,7 @@ _LATIN_CYRILLIC = re.compile(r"^[a-zß-ɏḀ-ỿ\u0400-\u052f]+$")
 # Case endings a Latin-script name may take ("ins Englische", "po angielsku", "v angličtině").
 _LATIN_TAILS = frozenset((
     "e", "en", "er", "es", "em", "a", "as", "o", "os", "u", "ą", "ie", "im", "iego", "ej",
-    "ou", "ě", "ině", "ého", "ým", "ii",
+    "ou", "ě", "ině", "ého", "ým", "ii", "ul", "ül", "ra", "re",
 ))  # fmt: skip
 # Prefixes written onto the word (Arabic "بالإنجليزية", Hebrew "בעברית").
 _PREFIXES = ("بال", "بـ", "ب", "لل", "ال", "ב", "ל")
@@ -107,21 +111,29 @@ class _Name(NamedTuple):
     end: int
     code: str
     spaced: bool  # a Latin or Cyrillic name: what follows it decides (see _FOLLOW)
+    key: str  # the form found in the index
 
 
-def _unspaced_pattern() -> re.Pattern[str]:
-    words = sorted((n for n in names().codes if _UNSPACED.search(n)), key=len, reverse=True)
-    return re.compile("|".join(map(re.escape, words)))
+def _index() -> dict[str, str]:
+    """Every name the rules may read: the judged languages' names in the phrase languages and
+    in themselves, and the other languages' names (:data:`UNJUDGED`)."""
+    if not _INDEX:
+        index = names()
+        merged = {k: v for k, v in index.codes.items() if v == UNJUDGED}
+        merged.update(index.every)
+        _INDEX.append(merged)
+    return _INDEX[0]
 
 
+_INDEX: list[dict[str, str]] = []
 _UNSPACED_NAMES: list[re.Pattern[str]] = []
 
 
 def find_names(clause: str) -> list[_Name]:
     """Every language name in ``clause`` (lower case, single spaces), left to right: whole words
-    and runs of up to three words looked up in langcodes' index, a stem with a case ending
+    and runs of up to three words looked up in the index, a stem with a case ending
     ("английском"), a prefix written on ("بالإنجليزية"), and names inside unspaced scripts."""
-    codes = names().codes
+    codes = _index()
     found: list[_Name] = []
     words = list(_WORD.finditer(clause))
     skip_to = 0
@@ -134,9 +146,10 @@ def find_names(clause: str) -> list[_Name]:
             skip_to = hit.end
     if _UNSPACED.search(clause):
         if not _UNSPACED_NAMES:
-            _UNSPACED_NAMES.append(_unspaced_pattern())
+            ordered = sorted((n for n in codes if _UNSPACED.search(n)), key=len, reverse=True)
+            _UNSPACED_NAMES.append(re.compile("|".join(map(re.escape, ordered))))
         for match in _UNSPACED_NAMES[0].finditer(clause):
-            found.append(_Name(match.start(), match.end(), codes[match[0]], False))
+            found.append(_Name(match.start(), match.end(), codes[match[0]], False, match[0]))
         found.sort()
     return found
 
@@ -148,17 +161,18 @@ def _lookup(clause: str, words: list[re.Match[str]], i: int, codes: dict[str, st
             last = words[i + n - 1]
             key = clause[first.start() : last.end()]
             if key in codes:
-                return _Name(first.start(), last.end(), codes[key], True)
+                return _Name(first.start(), last.end(), codes[key], True, key)
     word = first[0]
     start, end = first.start(), first.end()
     code = codes.get(word)
     if code is not None:
-        return _Name(start, end, code, _LATIN_CYRILLIC.match(word) is not None)
+        return _Name(start, end, code, _LATIN_CYRILLIC.match(word) is not None, word)
     head = word[0]
     if "\u0590" <= head <= "\u06ff":  # Hebrew and Arabic write prefixes onto the word
         for prefix in _PREFIXES:
-            if word.startswith(prefix) and word[len(prefix) :] in codes:
-                return _Name(start + len(prefix), end, codes[word[len(prefix) :]], False)
+            rest = word[len(prefix) :]
+            if word.startswith(prefix) and rest in codes:
+                return _Name(start + len(prefix), end, codes[rest], False, rest)
         return None
     hangul = "\uac00" <= head <= "\ud7af"
     if len(word) < (3 if hangul else 6) or _UNSPACED.search(head):
@@ -168,194 +182,446 @@ def _lookup(clause: str, words: list[re.Match[str]], i: int, codes: dict[str, st
         stem, tail = word[:-cut], word[-cut:]
         if len(stem) < (2 if hangul else 5) or stem not in codes:
             continue
-        if hangul:  # 영어로, 한국어로: the particle is the mark (see _AFTER)
-            return _Name(start, start + len(stem), codes[stem], False)
+        if hangul:  # 영어로, 한국어로: the particle is the mark
+            return _Name(start, start + len(stem), codes[stem], False, stem)
         if cyrillic or tail in _LATIN_TAILS:
-            return _Name(start, end, codes[stem], True)
+            return _Name(start, end, codes[stem], True, stem)
     return None
 
 
-# Markers that make a mention an instruction about the answer's language: a preposition or
-# particle before the name ("in", "auf", "на", "用", "باللغة"; "to" only in a translation), a
-# case ending or postposition after it ("で", "로", "में"), or the name standing as an adverb
-# (Turkish "İngilizce", Czech "česky", Indonesian "bahasa X", Vietnamese "tiếng X").
-_BEFORE = re.compile(
-    r"(?:(?<![\w])(?:in|into|en|al|ao|auf|ins|em|para|dalam|ke|sang|bằng|на|по|po|på"
-    r"|use|usa|usar|utilise|utilisez|utiliza|utilizza|verwende|nutze|gunakan|pakai|kullan"
-    r"|dùng|sử dụng|используй\w*)"
-    r" (?:the |la |il |o |het |lingua |língua |idioma |langue |sprache )?"
-    r"|по-|用|以|使用|成|为|為|改用|改成|باللغة |بلغة |بال|ب|إلى |الى |اللغة |زبان |เป็น"
-    r"|στα |σε |ב)$"
+def _widens(name: _Name, language: str | None) -> bool:
+    """Whether a mention names a language in a text written in ``language``: a name read in
+    any text, or a name of that language's own (French "italien" is Italian; German "Italien"
+    is Italy, and read in German text it names nothing)."""
+    index = names()
+    if name.key in index.codes or name.key in index.own:
+        return True
+    return language is not None and name.key in index.by_language.get(language, {})
+
+
+# --- the forms of an instruction -----------------------------------------------------------------
+_SENTENCE = re.compile(r"[^.!?;\n。！？；]+[.!?;。！？；]*")
+# A clause of its own inside a sentence: between commas, colons, brackets and dashes.
+_PART = re.compile(r"[^,:()\[\]\u2014\u2013，：、（）]+")
+# The question words that make a clause ask about replying rather than ask for a reply ("How do
+# you reply in French to a compliment?").
+_WH = re.compile(
+    r"^\s*(?:how|what|why|when|where|which|who|whose|cómo|qué|por qué|comment|pourquoi|wie"
+    r"|warum|was|come|perché|como|o que|porque|как|почему|что)\b"
 )
-_BEFORE_TO = re.compile(r"(?<![\w])to (?:the )?$")
+
+# Negation before the directive: "do not answer in X", "never respond in X", "no me contestes
+# en X", "ne réponds pas en X", "nicht auf X antworten", "别用X回答", "不要用X".
+_NEGATION = re.compile(
+    r"(?<![\w'])(?:not|no|never|don'?t|doesn'?t|won'?t|shouldn'?t|mustn'?t|can'?t|cannot|avoid\w*"
+    r"|without|stop|refrain\w*|nunca|jamás|jamas|ni|sin|não|nao|nem|sem|ne|n'|pas|jamais|sans"
+    r"|nicht|nie|niemals|kein\w*|ohne|non|mai|senza|niet|nooit|geen|zonder|не|ни|никогда|без"
+    r"|ні|ніколи|nie|nigdy|bez|jangan|tidak|bukan|tanpa|không|đừng|değil|asla|لا|لن|ليس|بدون"
+    r"|मत|नहीं|όχι|μην|μη|except|besides|excepto|sauf|außer|ausser|tranne|кроме|крім|oprócz"
+    r"|kecuali|trừ)(?![\w'])"
+    r"|不要|不用|别|別|勿|不能|不得|避免|禁止|不可|千万别|千萬別"
+)
+# Negation written after the name: Japanese, Korean, Turkish, Hindi.
+_NEGATION_AFTER = re.compile(
+    r"^.{0,12}?(?:ない|なく|禁止|지\s?마|말고|않|금지|마세요|(?:verme|yazma|kullanma|konuşma)\b"
+    r"|मत|नहीं)"
+)
+# Words that make a text's language rules conditional or permissive: the directive depends on
+# something ("if the user writes in X", "otherwise", "the user's language", "for any other
+# language") or allows rather than asks ("you may also answer in English", "gerne auch auf
+# Englisch"). Concessive words are not conditions ("even if asked", "auch wenn", "même si").
+_CONDITION = re.compile(
+    r"(?<![\w])(?<!even )(?<!auch )(?<!même )(?<!meme )(?<!anche )(?<!mesmo )(?<!incluso )"
+    r"(?:if|unless|when|whenever|in case|otherwise|else|depending|whichever|either"
+    r"|regardless(?= of whether)|any other|all other|same language|user'?s language"
+    r"|customer'?s language|language of the (?:user|customer|question|message|client)"
+    r"|matching|match the|may|feel free|also fine|is fine|are fine|is ok|is okay|prefer"
+    r"|si|sino|cuando|a menos que|salvo que|según|de lo contrario|mismo idioma|cualquier otr[oa]"
+    r"|los demás|caso"
+    r"|se|quando|a menos|senão|mesmo idioma|lorsque|quand|sinon|sauf si|à moins|selon"
+    r"|même langue|toute autre|tous les autres|autres cas|volontiers|wenn|falls|sofern|sonst"
+    r"|ansonsten|je nach|gleichen sprache|anderen fällen|jede andere|gerne|gern|altrimenti"
+    r"|a meno che|stessa lingua|qualsiasi altra|als|indien|tenzij|anders|om|hvis|jos|ha|gärna"
+    r"|если|иначе|когда|в зависимости|том же языке|любом другом|можно|якщо|інакше|коли|можна"
+    r"|jeśli|jeżeli|gdy"
+    r"|chyba że|eğer|yoksa|aksi|jika|kalau|bila|kecuali|boleh|nếu|trừ khi|إذا|اذا|لو|وإلا|عندما"
+    r"|अगर|यदि|वरना)(?![\w])"
+    r"|如果|若是|假如|要是|否则|否則|除非|的话|的話|根据|根據|其他语言|其他語言|其他情况|其他情況|也可以"
+    r"|もし|場合|なら|以外|만약|경우|아니면|도 돼|도 괜찮"
+)
+# Concessions are not conditions: "regardless of the user's language", "无论用户使用什么语言".
+_CONCESSION = re.compile(
+    r"(?<![\w])(?:regardless of|no matter (?:what|which)|irrespective of|unabhängig von"
+    r"|quel(?:le)?s? que soi(?:t|ent)|independientemente d|indipendentemente da|même si|auch wenn"
+    r"|even if|even when|even though)[^.;\n]*|(?:无论|不管|不论|無論)[^。；;\n，,]*"
+)
+# A rule that follows the user's own language ("reply in the user's language", "matching the
+# customer", "in the same language as the question").
+_FOLLOWS_USER = re.compile(
+    r"(?<![\w])(?:same language|(?:user|customer|client|caller|visitor)'?s(?:'s)? (?:own )?language"
+    r"|language of the (?:user|customer|question|message|client|request|input)|matching the"
+    r"|mismo idioma|idioma del (?:usuario|cliente)|même langue"
+    r"|langue (?:de l'utilisateur|du client)"
+    r"|gleichen sprache|sprache des (?:nutzers|kunden|benutzers)|stessa lingua|lingua dell'utente"
+    r"|mesmo idioma|idioma do (?:usuário|cliente)|том же языке|языке пользователя)(?![\w])"
+    r"|同じ言語|相同的语言|相同语言|用户的语言|用戶的語言|같은 언어"
+)
+# "Any language", "whatever language you like", "будь-якою мовою": the answer may be in any.
+_ANY_LANGUAGE = re.compile(
+    r"(?<![\w])in\s+(?:any|whatever|whichever)\s+language(?!\s+(?:other|but|except))"
+    r"|en\s+cualquier\s+idioma|dans n'importe quelle langue|in qualsiasi lingua"
+    r"|em qualquer (?:idioma|língua)|in jeder (?:beliebigen )?sprache|на любом языке|любым языком"
+    r"|будь-якою мовою|w dowolnym języku|用任何语言|用任何語言|どの言語でも|어떤 언어로든"
+)
+_FILLER_EN = (
+    r"(?:\s+(?:to\s+me|to\s+us|to\s+this|to\s+them|to\s+the\s+user|back|me|only|always|solely"
+    r"|exclusively|strictly|entirely|fully|just|please|from\s+now\s+on|going\s+forward|here"
+    r"|everything|all|all\s+questions|every\s+question|each\s+question|the\s+user|users"
+    r"|customers|it|them|this|that|all\s+of\s+this))*"
+)
+_STYLE = (
+    r"(?:(?:simple|plain|formal|informal|proper|correct|good|clear|standard|modern|polite"
+    r"|casual|fluent|natural|native|everyday|basic|easy|academic|business|conversational"
+    r"|british|american|european|brazilian|mexican|castilian|latin\s+american|canadian)\s+)*"
+)
+#: What may stand right before a name for the mention to bind the answer, per language. Each is
+#: matched against the clause's text before the name (lower case, single spaces).
+_BEFORE_CHECKED: tuple[re.Pattern[str], ...] = tuple(
+    re.compile(p + r"$")
+    for p in (
+        # English verbs whose "in X" may be an adjective before a noun ("talk in French class",
+        # "use Chinese characters"): what follows the name must say it is the language.
+        r"(?<![\w])(?:write\s+back|talk|speak|communicate|converse|chat|write|type)(?:s|ed|ing)?"
+        + _FILLER_EN
+        + r"\s+(?:in|using|with)\s+(?:the\s+)?"
+        + _STYLE,
+        r"(?<![\w])(?:switch|change|go)\s+(?:back\s+)?(?:over\s+)?to\s+(?:the\s+)?",
+        r"(?<![\w])(?:use|using)\s+(?:only\s+)?",
+        # "explain it in X", "tell me this in X": the object is what is said, not a subject
+        r"(?<![\w])(?:explain|describe|summari[sz]e|say|tell|repeat|rephrase|put)\s+(?:it|this"
+        r"|that|them|everything|all\s+of\s+(?:it|this))(?:\s+(?:again|to\s+me|to\s+us|for\s+me"
+        r"|please|once\s+more))*\s+in\s+(?:the\s+)?" + _STYLE,
+    )
+)
+#: A text to write, in X: "Write the whole welcome text in Brazilian Portuguese", "compose an
+#: email in Korean." Only where the name closes the sentence or its part (or a request word
+#: follows): "write a sentence in Spanish and explain it" also wants the explanation.
+_WRITE_TEXT = re.compile(
+    r"(?<![\w])(?:write|compose|draft|prepare|create|produce|redo|rewrite|summari[sz]e|give\s+me"
+    r"|send\s+me)"
+    r"\s+(?:(?:me|us|him|her|them)\s+)?(?:(?:a|an|the|this|that|my|our|your|his|her|their|whole"
+    r"|entire|full|same|short|long|new|brief|formal|friendly|polite|simple)\s+)+(?:[\w'-]+\s+){1,5}"
+    r"in\s+(?:the\s+)?" + _STYLE + r"$"
+)
+_WRITE_FOLLOW = re.compile(
+    r"^(?:\s*$|\s*[.!?;:,)(\u2014\u2013]|\s+(?:please|pls|plz|only|too|as\s+well)(?![\w]))"
+)
+# The same in the Romance languages and German: "explícamelo en español", "explique-le en
+# français", "erklär es mir auf Deutsch", "spiegamelo in italiano".
+_EXPLAIN_IT = re.compile(
+    r"(?<![\w])(?:expl[ií]ca(?:me|melo|mela|lo|la|nos|noslo)?|expli(?:que|quez)(?:-(?:le|la|moi|nous"
+    r"|les))*|erklär(?:e|en)?\s+(?:es|das|mir)(?:\s+(?:mir|es|bitte|das))*|spiega(?:mi|melo|mela"
+    r"|lo|la|celo)?|expli(?:ca|que)(?:-(?:me|o|a|lo|la))*)\s+(?:en|in|auf|em)\s+$"
+)
+_BEFORE: tuple[re.Pattern[str], ...] = tuple(
+    re.compile(p + r"$")
+    for p in (
+        # English: "answer in X", "please respond only in X", "reply to me in X", "your answer
+        # should be in X"
+        r"(?<![\w])(?:answer|reply|respond)(?:s|ed|ing)?"
+        + _FILLER_EN
+        + r"\s+(?:in|using|with)\s+(?:the\s+)?"
+        + _STYLE,
+        r"(?<![\w])(?:your|the|all\s+(?:your\s+|the\s+)?|every|each|my)\s*(?:answer|reply|response"
+        r"|output|text|responses|answers|replies|outputs)s?(?:\s+(?:should|must|has\s+to|have\s+to"
+        r"|needs?\s+to|will|shall|is\s+to|are\s+to|can)(?:\s+only|\s+always)?\s+be)?(?:\s+(?:written"
+        r"|given|provided|delivered|formatted))?(?:\s+(?:only|entirely|fully|exclusively|all"
+        r"|always))?\s+(?:in|using)\s+(?:the\s+)?" + _STYLE,
+        # Spanish, Portuguese, French, Italian, German, Dutch, Swedish
+        r"(?<![\w])(?:respond\w*|contest\w*|escrib\w*|escrev\w*|habl\w*|fal[ae]\w*|r[ée]pond\w*"
+        r"|[ée]cri[sv]\w*|parl\w*|rispond\w*|scriv\w*)(?:-moi|-nous)?(?:\s+(?:me|mi|nos|moi"
+        r"|siempre|sempre|toujours|solo|sólo|só|so|solamente|únicamente|unicamente|apenas"
+        r"|somente|exclusivamente|esclusivamente|soltanto|uniquement|seulement|exclusivement"
+        r"|por\s+favor|porfa|per\s+favore|stp|svp|s'il\s+te\s+pla[iî]t|s'il\s+vous\s+pla[iî]t"
+        r"|todo|tudo|tout|tutto|pas|no|não|non))*\s+(?:en|em|in|no|na)\s+(?:idioma\s+|língua\s+"
+        r"|lingua\s+|langue\s+)?" + r"(?:el\s+|o\s+|l')?",
+        r"(?<![\w])(?:antwort\w*|schreib\w*|sprich|sprecht|sprechen|antwoord\w*|schrijf\w*"
+        r"|spreek\w*|svara|skriv)(?:\s+(?:sie|mir|uns|bitte|nur|immer|ausschließlich"
+        r"|ausschliesslich|stets|nicht|ab\s+jetzt|von\s+nun\s+an|me|altijd|alleen|uitsluitend"
+        r"|alsjeblieft|aub|graag|alltid|bara|endast|gärna))*\s+(?:auf|in|på)\s+(?:het\s+)?",
+        # Russian, Ukrainian, Polish, Czech
+        r"(?<![\w])(?:отвеча\w*|ответ\w*|пиш\w*|напиш\w*|говор\w*|відповіда\w*|відповід\w*"
+        r"|odpowiad\w*|odpowiedz\w*|pisz|napisz\w*|odpovídej|odpověz\w*|piš|napiš\w*)"
+        r"(?:\s+(?:мне|мені|пожалуйста|будь\s+ласка|только|тільки|лише|всегда|завжди"
+        r"|исключительно|виключно|mi|proszę|tylko|zawsze|wyłącznie|prosím|jen|pouze|vždy"
+        r"|výhradně))*\s+(?:на\s+|по-|po\s+|w\s+języku\s+|v\s+)?",
+        # Indonesian/Malay, Vietnamese, Arabic, Hebrew, Greek
+        r"(?<![\w])(?:jawab\w*|balas\w*|tulis\w*|gunakan|pakai|pake|bicara|menjawab|membalas)"
+        r"(?:\s+(?:saja|selalu|hanya|ya|dengan|dalam|pakai|pake|menggunakan))*\s+",
+        r"(?<![\w])(?:trả\s+lời|viết|nói|dùng|sử\s+dụng)(?:\s+(?:chỉ|luôn|bằng))*\s+",
+        r"(?:أجب|اجب|أجيبي|اجيبي|رد|ردّ|ردي|اكتب|أكتب|تحدث|تكلم)(?:\s+(?:فقط|دائما|دائمًا|من\s+فضلك"
+        r"|رجاء|رجاءً))*\s+(?:باللغة\s+|بلغة\s+|بال|ب)?",
+        r"(?:ענה|עני|תענה|תעני|כתוב|כתבי)(?:\s+(?:רק|תמיד))*\s+(?:ב|ל)?",
+        r"(?<![\w])(?:απάντ\w*|γράψ\w*|γράφ\w*)(?:\s+(?:μόνο|πάντα|μου))*\s+(?:στα|σε|στην)\s+",
+        # Chinese, Thai
+        r"(?:请|請)?(?:你)?(?:只|仅|僅|都|一律|全部|始终|始終|总是|總是)?(?:用|以|使用|改用|换成|換成"
+        r"|改成)",
+        r"(?:ตอบ|เขียน)(?:เป็น)?",
+    )
+)
+#: What may follow a name for the mention to bind the answer, in the languages that put the
+#: verb (or the particle) after it: Chinese, Japanese, Korean, Turkish, Hindi, Persian, German
+#: and Dutch verb-final clauses.
 _AFTER = re.compile(
-    r"^(?: ?(?:のみで|だけで|で|に|로|으로|में|回答|回复|作答|答|写|寫|说|說)"
-    r"| (?:olarak|dilinde|language|only|please|язык\w*|мовою|ภาษา)(?![\w]))"
+    r"^(?:来|來)?(?:回答|回复|回覆|作答|答复|答覆|答|写|寫|说|說|交流|输出|輸出|表达|表達|解释|解釋|讲|講"
+    r"|聊|对话|對話)"
+    r"|^(?:のみ|だけ)?で(?:の)?(?:回答|答え|返信|返答|書い|書き|話し|説明|お願い|応答|記述|お答え)"
+    r"|^(?:로만|으로만|로|으로)\s*(?:만\s*)?(?:답|대답|답변|응답|말|써|작성|설명|얘기|이야기)"
+    r"|^(?:'?\w{0,4})?\s+(?:olarak\s+|dilinde\s+)?(?:cevap|yanıt|yanit|yaz|konuş|cevapla|yanıtla)"
+    r"|^\s+में\s+(?:ही\s+)?(?:जवाब|उत्तर|लिख|बात|बोल|दें|दो|दीजिए|दीजिये)"
+    r"|^\s+(?:پاسخ|جواب|بنویس)"
+    r"|^\s+(?:zu\s+)?(?:antworten|schreiben|sprechen|formulieren|antwoorden|schrijven)"
 )
-_SELF_MARKED = re.compile(r"(?:ca|ce|ça|çe)$|^bahasa |^tiếng |^česky$")
-# What may follow a name written with spaces for the mention to be about the answer: the end
-# of the clause, punctuation, or a small word ("in French please", "auf Deutsch und kurz"), not
-# a noun ("trends in Chinese manufacturing", "на русском рынке").
+# Before a Persian name: "به زبان X پاسخ بده".
+_BEFORE_FA = re.compile(r"(?:به\s+)?(?:زبان\s+)?$")
+# What may follow a spaced name for the mention to bind the answer: the clause's end,
+# punctuation, a request word ("please", "only", "from now on"), or a conjunction — never a
+# noun ("trends in Chinese manufacturing", "a French teacher").
 _FOLLOW = re.compile(
-    r"^(?:$|[,:;.!?)\"'»“”–—(]| (?:please|only|language|and|or|then|so|from|with"
-    r"|without|using|for|to|about|instead|as|not|no|rather|but|how|what|why|when|where|who"
-    r"|which|that|this|these|the|a|an|even|too|also|if|here|below|always|throughout|text"
-    r"|por|favor|solo|solamente|sobre|de|del|y|e|et|s'il|seulement|sur|bitte|nur|und|über"
-    r"|per|su|di|soltanto|somente|apenas|язык\w*|только|и|о|об|про|пожалуйста"
-    r"|saja|dan|tentang|tolong|và|về|chỉ|ve|sadece|hakkında|lütfen|мовою"
-    # what a text to write goes on with: "an email in Korean asking for …"
-    r"|asking|explaining|describing|telling|including|containing|covering|saying|thanking"
-    r"|inviting|requesting|introducing|summari[sz]ing|comparing|listing|giving|addressed"
-    r"|of|on|in|at|by|like|every|each|whose|while|after|before|because|between)(?![\w]))"
+    r"^(?:$|[\s]*[,:;.!?)\"'»“”–—(]|\s+(?:please|pls|plz|only|language|and|or|then|so|from"
+    r"|too|also|even|again|instead|as|not|no|rather|but|if|here|below|always|throughout"
+    r"|for\s+(?:all|every|each|your|the\s+rest)|in\s+(?:all|every|each|your)|at\s+all"
+    r"|thanks|thank|going|por|favor|porfa|solo|solamente|s'il|stp|svp|seulement|bitte|nur"
+    r"|und|per|soltanto|apenas|só|язык\w*|мовою|только|лише|тільки|пожалуйста|будь|proszę"
+    r"|prosím|tack|lütfen|tolong|ya|saja|nhé|nha|ạ|và|y|e|et|o|ou|oder|of|или|або|lub|nebo"
+    r"|veya|atau|hoặc|ภาษา)(?![\w]))"
 )
-
-
-# Directive verbs: the clause asks for an answer, a text or a translation (stems, 15+ languages).
-_VERBS_SPACED = (
-    "repl|respon|answer|writ|explain|use|using|speak|talk|translat|output|give|tell|describ"
-    "|summar|continu|provid|generat|compos|draft|rewrit|put|keep|conduct|creat|mak|prepar"
-    "|contest|escrib|explic|utiliz|habl|traduc|resum|redact|dime|dame"
-    "|répond|repond|écri|ecri|expliqu|utilis|parl|tradui|résum|rédig|donne"
-    "|antwort|schreib|erklär|erklar|verwend|nutz|sprich|sprech|übersetz|ubersetz|fass"
-    "|formulier|gib|rispond|scriv|spieg|usa|utilizz|tradu|riassum|dimmi|fornisc"
-    "|escrev|expliq|fal[ae]|diga|jawab|balas|tulis|jelaskan|gunakan|pakai|bicara|terjemah"
-    "|beri|buat|trả\\s+lời|viết|giải\\s+thích|dùng|sử\\s+dụng|nói|dịch|tóm\\s+tắt"
-    "|cevap|yanıt|yanit|yaz|açıkla|acikla|kullan|konuş|çevir|cevir|anlat|özetle"
-    "|ответ|отвеча|напиш|пиш|объясн|использ|говор|перевед|переве|расскаж|опиш|сформулир"
-    "|odpowi|napisz|pisz|wyjaśnij|użyj|przetłumacz|antwoord|schrijf|gebruik|vertaal|svara"
-    "|skriv|förklara|använd|översätt|odpovíd|odpověz|napiš|vysvětli|použij|přelož"
-    "|відповід|напиш|поясн|використ|переклад|απάντ|γράψ|γράφ|εξήγ|χρησιμοπ|μετάφρ"
+# A clause of its own that asks for a language: "in X, please", "Spanish only", "only in X",
+# "Not in English", "en español por favor", "auf Deutsch bitte".
+_OWN_PREFIX = re.compile(
+    r"^(?:(?:and|but|also|then|y|e|et|und|и|і|αλλά|ma|mais|aber|pero|mas|но|але|ale|maar|men)\s+)?"
+    r"(?:(?:please|pls|plz|kindly|only|just|all"
+    r"|por\s+favor|s'il\s+te\s+pla[iî]t|bitte|per\s+favore|пожалуйста|not|no|non|nicht|pas"
+    r"|όχι|не|nie|ne|não|nem)\s+)*"
+    r"(?:(?:in|using|en|em|auf|in\s+het|на|по-|po|på|bằng|dalam|w\s+języku|στα)\s+(?:the\s+)?)?"
+    + _STYLE
+    + r"$"
 )
-_VERBS_WIDE = (
-    "回答|回复|回覆|作答|答|写|寫|解释|解釋|用|使用|说|說|翻译|翻譯|讲|講|输出|介绍|告诉"
-    "|答え|答えて|回答|書い|書き|説明|使っ|話し|翻訳|返信|返答|教え|記述"
-    "|답|대답|써|쓰|작성|설명|사용|말해|번역|알려"
-    "|जवाब|उत्तर|लिख|समझा|उपयोग|इस्तेमाल|बोल|अनुवाद|बता|दें|दो"
-    "|أجب|اجب|أجيبي|رد|ردّ|اكتب|أكتب|اشرح|استخدم|تحدث|ترجم|أعط|قدم"
-    "|پاسخ|بنویس|توضیح|استفاده|ترجمه|ตอบ|เขียน|อธิบาย|ใช้|แปล|ענה|עני|כתוב|הסבר|השתמש|תרגם"
+_OWN_SUFFIX = re.compile(
+    r"^(?:\s*,?\s*(?:please|pls|plz|only|language|language\s+only|thanks|thank\s+you|por\s+favor"
+    r"|porfa|solamente|solo|s'il\s+te\s+pla[iî]t|s'il\s+vous\s+pla[iî]t|stp|svp|seulement|bitte"
+    r"|nur|per\s+favore|soltanto|apenas|somente|пожалуйста|только|лише|будь\s+ласка|proszę"
+    r"|tylko|prosím|tack|lütfen|tolong|ya|nhé))*\s*$"
 )
-_VERB = re.compile(rf"(?<![\w])(?:{_VERBS_SPACED})|{_VERBS_WIDE}")
-_TRANSLATE = re.compile(
-    r"(?<![\w])(?:translat|traduc|tradui|übersetz|ubersetz|tradu[cz]|terjemah|dịch|çevir"
-    r"|cevir|перевед|переве)|翻译|翻譯|翻訳|번역|अनुवाद|ترجم"
+# "in X please" closing a part whatever comes before it: "kurz und auf Deutsch bitte".
+_PLEASE = re.compile(
+    r"^\s*,?\s*(?:please|pls|plz|por\s+favor|porfa|s'il\s+te\s+pla[iî]t|s'il\s+vous\s+pla[iî]t"
+    r"|stp|svp|bitte|per\s+favore|пожалуйста|будь\s+ласка|proszę|prosím|lütfen|tolong)\s*$"
 )
-
-# Clauses that name a language without asking for the answer to be in it: the words before the
-# name make the language the subject — questions about the language ("How do you say …", "How
-# would I translate my site into …", "What do English speakers get wrong in French?"), its
-# grammar, words, sounds and writing ("the difference between por and para in Spanish"),
-# learning it, snippets in it whose explanation is in the prompt's language ("5 phrases in
-# Japanese") and programs that translate ("a Python function that translates text into French").
+_PREPOSITION = re.compile(r"(?<![\w])(?:in|en|em|auf|на|po|på|bằng|dalam)$")
+# "Language: French", "Output language - German", "Idioma: español" as a line of its own.
+_LANGUAGE_LINE = re.compile(
+    r"(?:^|\n)[ \t*_#>-]*(?:(?:output|response|answer|reply|preferred)\s+)?(?:language|lang"
+    r"|idioma|langue|sprache|lingua|язык|мова|语言|語言|言語|언어)[ \t*_]*[:=：-][ \t]*"
+    r"([^\n]{2,40})"
+)
+# Words about a language's words, grammar, sounds, writing and learning: "In German, why does
+# the verb move?" is about German, not a request for a German answer.
 _ABOUT = re.compile(
-    r"(?<![\w-])(?:say|said|mean\w*|word\s+for|called|pronounc\w*|spell\w*|written|write\s+(?:the|my)\s+name"
-    r"|how\s+(?:do|does|would|can|could|should|to|is|are|did)(?:\s+(?:i|we|you))?"
-    r"|phrases?|words?|sentences?|expressions?|vocabulary|idioms?|greetings?|sayings?|examples?"
-    r"|grammar\w*|verbs?|nouns?|adjectives?|adverbs?|pronouns?|tenses?|conjugat\w*"
-    r"|declension\w*|cases?|gender\w*|plurals?|subjunctive|particles?|prepositions?|syntax"
-    r"|accents?|dialects?|alphabet|letters?|characters?|kanji|hiragana|katakana|scripts?|spelling"
-    r"|punctuation|slang|formal|informal|polite\w*|honorifics?|speakers?|learn\w*|stud(?:y|ying)"
-    r"|teach\w*|native|fluent\w*|difference|differences|between|mistakes?|wrong|errors?|literal\w*"
-    r"|untranslatable|loanwords?|etymology|origins?|sound|tones?|numbers?|count(?:ing)?|days?"
-    r"|months?|names?|nicknames?|swear\w*|curse\w*|lyrics|proverbs?|rules?|usage|used|difficult"
-    r"|hard|easy|easier|harder|common|mean|meaning|definition|opposite|synonyms?|rhym\w*"
-    r"|python|javascript|typescript|java|function|program|script|code|api|regex|sql|translates)"
-    r"(?![\w])"
+    r"(?<![\w-])(?:say|said|mean\w*|word\s+for|called|pronounc\w*|spell\w*|phrases?|words?"
+    r"|sentences?|expressions?|vocabulary|idioms?|greetings?|sayings?|grammar\w*|verbs?|nouns?"
+    r"|adjectives?|adverbs?|pronouns?|tenses?|conjugat\w*|declension\w*|cases?|gender\w*|plurals?"
+    r"|subjunctive|particles?|prepositions?|syntax|accents?|dialects?|alphabet|letters?"
+    r"|characters?|kanji|hiragana|katakana|scripts?|spelling|punctuation|slang|honorifics?"
+    r"|speakers?|learn\w*|stud(?:y|ying)|teach\w*|difference|between|mistakes?|translat\w*"
+    r"|etymology|origins?|sound|tones?|rules?|usage|polite\w*|formal|informal|slang"
+    r"|how\s+(?:do|does|would|can|could|should)\s+(?:you|i|we|one|people)\s+(?:say|ask|write"
+    r"|greet|address|call|express|spell|pronounce))(?![\w])"
 )
-# A name bound to the answer itself outright, whatever else the clause says: "Answer in Spanish:
-# what is a verb?", "Write your reply in German", "respond only in French".
-_BOUND = re.compile(
-    r"(?<![\w])(?:respond\w*|repl(?:y|ies|ying)|answer(?:s|ing)?|your\s+(?:answer|response|reply|output)"
-    r"|the\s+(?:answer|response|reply|output)|write\s+back)"
-    r"(?:\s+(?:me|only|please|back|to\s+me|to\s+this|this|it|all|everything|entirely|fully|just"
-    r"|is|be|should|must|will|has|to|from\s+now\s+on))*\s+(?:in|into|using|en|em|auf|in\s+het)\s+(?:the\s+)?$"
+_TRANSLATE = re.compile(
+    r"(?<![\w])(?:translat|trad[uú]c|tradui|übersetz|ubersetz|tradu[cz]|terjemah|dịch|çevir"
+    r"|cevir|перевед|переве|перекла)|翻译|翻譯|翻訳|번역|अनुवाद|ترجم"
 )
-# "How do you reply in French to …": a question about replying asks for nothing.
-_WH = re.compile(r"^\s*(?:how|what|why|when|where|which|who)\b")
-# "In German, why …": a name that opens a question is its topic.
-_OPENS_QUESTION = re.compile(
-    r"^\s*,\s*(?:why|how|what|which|when|where|who|is|are|do|does|can|could|should|would|will)\b"
+# A translation whose answer is nothing but the translation.
+_ONLY_TRANSLATION = re.compile(
+    r"(?<![\w])(?:(?:only|just)\s+(?:output\s+|return\s+|give\s+|reply\s+with\s+)?(?:the\s+)?"
+    r"translat\w*|nothing\s+else|no\s+explanations?|without\s+(?:any\s+)?explanations?"
+    r"|don'?t\s+explain|do\s+not\s+explain|translated\s+text\s+only"
+    r"|(?:output|return|reply\s+with)\s+(?:only\s+)?the\s+translat\w*(?:\s+only)?)(?![\w])"
 )
-_CLAUSE = re.compile(r"[^.!?;:\n。！？；：]+")
+_TARGET = re.compile(r"(?<![\w])(?:into|to|in)\s+(?:the\s+)?" + _STYLE + r"$")
+# A mention in a marked form ("in X", "into X", "auf X", "用X"): a language the detector
+# cannot judge named so turns judging off (a Zulu answer must never be judged as English).
+_MARKED = re.compile(
+    r"(?<![\w])(?:in|into|en|em|auf|ins|на|по-|po|på|dalam|bằng|to)\s+(?:the\s+)?$|(?:用|成|为|為)$"
+)
 
-#: How much of a long message is searched for an instruction: its start and its end.
-_SCAN_CHARS = 2000
+#: How much of a long text is searched for instructions: its start and its end.
+_SCAN_CHARS = 3000
 
 
 class Reading(NamedTuple):
-    """What one text says about the answer's language: the languages it binds the answer to
-    (``?`` for one the detector cannot judge), every language it names, and whether it asks
-    for a translation without a target."""
+    """What one text says about the answer's language.
+
+    ``asked``: the languages its unambiguous instructions bind the answer to (``?`` for one the
+    detector cannot judge), empty when it has none or makes them conditional; ``negated``: the
+    languages it asks the answer not to be in; ``named``: every language it mentions (only ever
+    added to what is accepted; ``?`` when a language the detector cannot judge is named in a
+    marked form); ``untargeted``: it asks for a translation and names no language, or lets the
+    answer be in any language.
+    """
 
     asked: frozenset[str]
+    negated: frozenset[str]
     named: frozenset[str]
     untargeted: bool
+    any_language: bool = False
 
 
-def read(text: str) -> Reading:
-    """What ``text`` says about the answer's language (see :class:`Reading`)."""
+def read(text: str, language: str | None = None) -> Reading:
+    """What ``text`` (written in ``language``, when known) says about the answer's language."""
     if len(text) > 2 * _SCAN_CHARS:
         text = text[:_SCAN_CHARS] + "\n" + text[-_SCAN_CHARS:]
     low = text.replace("İ", "i").lower()
-    asked: set[str] = set()
     named: set[str] = set()
-    for match in _CLAUSE.finditer(low):
-        clause = " ".join(match[0].split())
+    for sentence in _SENTENCE.finditer(low):
+        clause = " ".join(sentence[0].split())
+        for name in find_names(clause):
+            if name.code == UNJUDGED:
+                if _MARKED.search(clause[: name.start]):
+                    named.add(UNJUDGED)
+            elif _widens(name, language):
+                named.add(name.code)
+    asked: set[str] = set()
+    negated: set[str] = set()
+    prose_text = prose(low)
+    # A rule that follows the user's own language makes every language rule of the text
+    # conditional; what a concession says ("regardless of the user's language") does not.
+    conditional = _FOLLOWS_USER.search(_CONCESSION.sub(" ", prose_text)) is not None
+    for line in _LANGUAGE_LINE.finditer(prose_text):
+        value = " ".join(line[1].strip(" .*_").split())
+        found = find_names(value)
+        if len(found) == 1 and found[0].start == 0 and _OWN_SUFFIX.match(value[found[0].end :]):
+            asked.add(found[0].code)
+    for sentence in _SENTENCE.finditer(prose_text):
+        clause = " ".join(sentence[0].split())
         found = find_names(clause)
-        if not found:
-            continue
-        named.update(name.code for name in found)
-        if _VERB.search(clause):
-            asked |= _bound(clause, found, _TRANSLATE.search(clause) is not None)
-    # "Translate this: …" names no target; "How do I translate 'good morning' into Korean?"
-    # names one, as its subject.
-    untargeted = not asked and not named and _TRANSLATE.search(low) is not None
-    return Reading(frozenset(asked), frozenset(named), untargeted)
+        if not found or _WH.match(clause) or _CONDITION.search(_CONCESSION.sub(" ", clause)):
+            continue  # a sentence whose rule is conditional only names its languages
+        here: dict[str, set[str]] = {"asked": set(), "negated": set()}
+        for name in found:
+            bound = _binds(clause, name)
+            if bound is not None:
+                here[bound].add(name.code)
+        negated |= here["negated"]
+        # A sentence that also names another language it does not rule out asks for both
+        # ("write a story in Spanish, then explain it in English"): it narrows nothing.
+        if not {n.code for n in found} - here["asked"] - here["negated"]:
+            asked |= here["asked"]
+    if conditional:
+        asked.clear()
+        negated.clear()
+    if not asked and _ONLY_TRANSLATION.search(prose_text):
+        asked |= _translation_targets(prose_text)
+    any_language = bool(_ANY_LANGUAGE.search(prose_text))
+    untargeted = any_language or (not named and _TRANSLATE.search(low) is not None)
+    return Reading(frozenset(asked), frozenset(negated), frozenset(named), untargeted, any_language)
 
 
-def _bound(clause: str, found: list[_Name], translation: bool) -> set[str]:
-    """The languages of ``found`` that ``clause`` binds the answer to."""
+def _translation_targets(text: str) -> set[str]:
+    """The target of a translation whose answer is the translation alone ("Translate the user's
+    text into French. Output only the translation."): the languages named right after "into",
+    "to" or "in" in a sentence that asks for a translation."""
     out: set[str] = set()
-    for name in found:
-        before = clause[max(0, name.start - 24) : name.start]
-        after = clause[name.end : name.end + 24]
-        lead = clause[: name.start]
-        if _BOUND.search(lead[-60:]) and not _WH.match(lead):
-            out.add(name.code)
+    for sentence in _SENTENCE.finditer(text):
+        clause = " ".join(sentence[0].split())
+        if not _TRANSLATE.search(clause) or _CONDITION.search(clause):
             continue
-        if _ABOUT.search(lead) or (len(lead) <= 4 and _OPENS_QUESTION.match(after)):
-            continue  # the language is what the clause is about
-        word = clause[name.start : name.end]
-        if _SELF_MARKED.search(word):
-            out.add(name.code)
-            continue
-        if name.spaced and not _FOLLOW.match(after) and not _AFTER.match(after):
-            continue
-        if (
-            _BEFORE.search(before)
-            or _AFTER.match(after)
-            or (translation and _BEFORE_TO.search(before))
-        ):
-            out.add(name.code)
-    return out
+        for name in find_names(clause):
+            if name.code != UNJUDGED and _TARGET.search(clause[: name.start]):
+                out.add(name.code)
+    return out if len(out) == 1 else set()
+
+
+def _binds(clause: str, name: _Name) -> Literal["asked", "negated"] | None:
+    """Whether ``clause`` binds the answer to the language ``name`` names: an instruction
+    (``asked``), the same instruction negated (``negated``), or neither."""
+    before = clause[max(0, name.start - 120) : name.start]
+    after = clause[name.end : name.end + 40]
+    if not _is_form(clause, name, before, after):
+        return None
+    start = _clause_start(clause, name.start)
+    if _NEGATION.search(clause[start : name.start]) or _NEGATION_AFTER.match(after):
+        return "negated"
+    return "asked"
+
+
+def _is_form(clause: str, name: _Name, before: str, after: str) -> bool:
+    """Whether the words around the name are one of the forms of an instruction."""
+    if any(p.search(before) for p in _BEFORE):
+        return True
+    follows = not name.spaced or _FOLLOW.match(after) is not None
+    if follows and any(p.search(before) for p in _BEFORE_CHECKED):
+        return True
+    if _AFTER.match(after):
+        return True
+    if after.lstrip().startswith(("پاسخ", "جواب")) and _BEFORE_FA.search(before):
+        return True
+    if _own_clause(clause, name):
+        return True
+    return _WRITE_FOLLOW.match(after) is not None and bool(
+        _WRITE_TEXT.search(before) or _EXPLAIN_IT.search(before)
+    )
+
+
+def _clause_start(clause: str, at: int) -> int:
+    """Where the part of ``clause`` that holds position ``at`` begins (after the last comma,
+    dash or bracket before it): "answer in English, not in Chinese" negates Chinese only."""
+    cut = max(clause.rfind(mark, 0, at) for mark in (",", "(", "—", "–", "，", ";"))
+    return cut + 1 if cut >= 0 else 0
+
+
+def _own_clause(clause: str, name: _Name) -> bool:
+    """ "In Spanish: …", "Spanish only", "…? Italian, please.", "kurz und auf Deutsch bitte",
+    ", in Italian.": the name with at most a preposition and request words, as a part of its own
+    (between commas, colons, brackets or dashes), or a preposition and the name with a request
+    word closing the part. Not a question about the language ("In German, why does the verb
+    move?")."""
+    for part in _PART.finditer(clause):
+        if part.start() <= name.start and name.end <= part.end():
+            lead = clause[part.start() : name.start].strip()
+            ends = (clause[name.end : part.end()], clause[name.end :])
+            tails = [t.rstrip(" .!?;。！？") for t in ends]
+            if _OWN_PREFIX.match(lead + " " if lead else ""):
+                if not lead and not any(t.strip(" ,") for t in tails):
+                    return False  # a bare name ("Spanish?") asks for nothing
+                if not any(_OWN_SUFFIX.match(t) for t in tails):
+                    return False
+            elif not (_PLEASE.match(tails[0]) and _PREPOSITION.search(lead)):
+                return False
+            return not _ABOUT.search(clause[part.end() :])
+    return False
 
 
 def explicit_requests(text: str) -> set[str]:
-    """The languages ``text`` explicitly asks the answer to be in (empty when none; ``?`` for a
-    language the detector cannot judge). A translation request without a target yields
+    """The languages ``text`` unambiguously asks the answer to be in (empty when none; ``?``
+    for a language the detector cannot judge). A translation request without a target yields
     ``{"*"}``: no language can be expected."""
     reading = read(text)
     return {"*"} if reading.untargeted else set(reading.asked)
 
 
 class _Seen:
-    """One text's entry in :class:`TextMemo`: its reading, and its language once asked."""
+    """One text's entry in :class:`TextMemo`: its language once asked, its reading, and the
+    languages it is written in (its own and those of text it quotes) once asked."""
 
-    __slots__ = ("identified", "language", "reading")
+    __slots__ = ("identified", "language", "languages", "reading")
 
-    def __init__(self, reading: Reading) -> None:
-        self.reading = reading
+    def __init__(self) -> None:
         self.identified = False
         self.language: str | None = None
+        self.reading: Reading | None = None
+        self.languages: tuple[str | None, frozenset[str]] | None = None
 
 
 class TextMemo:
@@ -363,7 +629,7 @@ class TextMemo:
 
     Why: both run on every guarded request (tens of µs for a short prompt, hundreds for a long
     system prompt: most of a request's own set-up), and the same texts come back again and
-    again — a deployment's system prompt with every request, an agent's last user turn with
+    again — a deployment's system prompt with every request, an agent's earlier turns with
     every step of its tool loop. Both are pure (fixed rules, a fixed language model), so a text
     read before is answered from here exactly as reading it again would answer.
 
@@ -387,8 +653,7 @@ class TextMemo:
     def digests(self) -> list[bytes]:
         return list(self._entries)
 
-    def seen(self, text: str) -> _Seen:
-        """The entry of ``text``, read now when it is new."""
+    def _entry(self, text: str) -> _Seen:
         key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
         entries = self._entries
         found = entries.get(key)
@@ -396,7 +661,7 @@ class TextMemo:
             with contextlib.suppress(KeyError):  # another thread forgot it meanwhile
                 entries.move_to_end(key)
             return found
-        found = entries[key] = _Seen(read(text))
+        found = entries[key] = _Seen()
         if len(entries) > self.size:
             with contextlib.suppress(KeyError):
                 entries.popitem(last=False)
@@ -404,48 +669,89 @@ class TextMemo:
 
     def language(self, text: str) -> str | None:
         """:func:`prompt_language` of ``text``."""
-        found = self.seen(text)
+        found = self._entry(text)
         if not found.identified:
             found.language = prompt_language(text)
             found.identified = True
         return found.language
+
+    def reading(self, text: str) -> Reading:
+        """:func:`read` of ``text``, in the language it is written in."""
+        found = self._entry(text)
+        if found.reading is None:
+            found.reading = read(text, self.language(text))
+        return found.reading
+
+    def languages(self, text: str) -> tuple[str | None, frozenset[str]]:
+        """:func:`proxy.core.prompt_language.turn_languages` of a user turn."""
+        found = self._entry(text)
+        if found.languages is None:
+            found.languages = turn_languages(text)
+        return found.languages
 
 
 #: The process's memo of request texts (see :class:`TextMemo`).
 MEMO = TextMemo()
 
 
-def derive(instructions: Iterable[str], last_user: str, *, use_prompt: bool = True) -> Expectation:
-    """The expectation from a request's texts: ``instructions`` (system/developer text) and the
-    ``last_user`` turn; the prompt's language only when ``use_prompt``. Texts read a moment ago
-    are answered from :data:`MEMO`."""
-    asked: set[str] = set()
+def derive(turns: Sequence[tuple[Role, str]], *, use_prompt: bool = True) -> Expectation:
+    """The expectation from a request's texts in order (see the module docstring). The
+    conversation's languages count only when ``use_prompt``. Texts read a moment ago are
+    answered from :data:`MEMO`.
+
+    The latest instruction wins. But an operator's instruction (system, developer) that a user
+    overrides with another language is still accepted beside the user's: models differ in which
+    of the two they follow, and an answer that follows either is correct."""
+    memo = MEMO
+    instructed: frozenset[str] = frozenset()
+    operator: frozenset[str] = frozenset()
+    negated: set[str] = set()
     named: set[str] = set()
     untargeted = False
-    for text in [*instructions, last_user]:
-        if text:
-            reading = MEMO.seen(text).reading
-            asked |= reading.asked
-            named |= reading.named
-            untargeted = untargeted or reading.untargeted
-    if UNJUDGED in asked:
+    last_user = next((t for r, t in reversed(turns) if r == "user" and t), None)
+    for role, text in turns:
+        if role == "assistant" or not text:
+            continue
+        reading = memo.reading(text)
+        named |= reading.named
+        # A translation without a target is this turn's task; "in any language" holds anywhere.
+        untargeted = (
+            untargeted or reading.any_language or (reading.untargeted and text is last_user)
+        )
+        if reading.negated:
+            negated |= reading.negated
+            instructed = instructed - reading.negated
+            operator = operator - reading.negated
+        if reading.asked:
+            instructed = reading.asked  # the latest instruction wins
+            negated -= reading.asked
+            if role == "system":
+                operator = reading.asked
+    if UNJUDGED in instructed or UNJUDGED in named:
         return Expectation(None, "none", "unjudged")
-    if len(asked) > 1:
-        return Expectation(None, "none", "conflict")
-    if asked:
-        return Expectation(asked.pop(), "request", "instruction")
-    if untargeted:
+    if untargeted and not instructed:
         return Expectation(None, "none", "translation")
+    if len(instructed) == 1 and operator <= instructed:
+        (code,) = instructed
+        return Expectation(code, "request", "instruction")
     if not use_prompt:
         return Expectation(None, "none", "off")
-    code = MEMO.language(last_user) if last_user else prompt_language(last_user)
-    if code is None:
-        return NONE
-    others = named - {code}
-    if UNJUDGED in others:
-        return Expectation(None, "none", "unjudged")
-    if others:
-        return Expectation(code, "prompt", "subject", "weak", frozenset({code, *others}))
-    if code == "en":
-        return Expectation(code, "prompt", "prompt", "weak")
-    return Expectation(code, "prompt", "prompt")
+    users = [text for role, text in turns if role == "user" and text]
+    conversation: set[str] = set()
+    primary: str | None = None
+    for text in users:
+        main, languages = memo.languages(text)
+        conversation |= languages
+        primary = main or primary
+    accepted = (conversation | named | instructed | operator) - negated
+    if not accepted:
+        return Expectation(None, "none", "negated" if negated else "unknown")
+    if primary not in accepted:
+        primary = next((c for c in _latest(users, memo) if c in accepted), min(accepted))
+    return Expectation(primary, "prompt", "conversation", "weak", frozenset(accepted))
+
+
+def _latest(users: list[str], memo: TextMemo) -> Iterable[str]:
+    """The conversation's languages, the latest user turn's first."""
+    for text in reversed(users):
+        yield from sorted(memo.languages(text)[1])

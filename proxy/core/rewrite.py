@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from proxy.core.language_rule import (
     constrain_language,
     constrain_surface_language,
-    request_texts,
+    request_turns,
 )
 from proxy.core.records import Endpoint
 from proxy.core.requested_language import UNSET, Expectation, derive
@@ -399,16 +399,13 @@ def _limit_max_tokens(
 def expect_language(
     body: dict[str, Any], endpoint: Endpoint, policy: RewritePolicy, header: str | None = None
 ) -> Expectation:
-    """The language the answer must be in (see :mod:`proxy.core.requested_language`).
+    """The languages the answer may be in (see :mod:`proxy.core.requested_language`).
 
-    The client's ``x-guard-language`` wins, then a language the operator pinned
-    (``GUARD_LANGUAGE=<code>``), then what the request asks for or is written in. With no
-    instruction configured (``GUARD_LANGUAGE=off``) and ``GUARD_EXPECT_LANGUAGE=prompt`` an English
-    prompt with no explicit request sets no expectation: models drift *into* English, not out
-    of it, and an English prompt often wants another language in words the derivation does not
-    read ("What are common Japanese greetings?"); a Chinese or Korean answer to it is still
-    caught by the script-intrusion signal. Header, configuration and instructions are strong;
-    what the prompt's language says may be weak (:mod:`proxy.core.requested_language`).
+    Declared languages narrow: the client's ``x-guard-language`` wins, then a language the
+    operator pinned (``GUARD_LANGUAGE=<code>``). Otherwise the request is read: an unambiguous
+    instruction narrows, everything else (the conversation's own languages, English included,
+    and every language named) only widens what is accepted. With no instruction to inject
+    (``GUARD_LANGUAGE=off``), ``GUARD_EXPECT_LANGUAGE=off`` keeps only what is declared.
     """
     if header is not None:
         if header in ("none", "off"):
@@ -419,13 +416,7 @@ def expect_language(
         return Expectation(setting, "config", "config")
     if setting == "off" and policy.expect_language != "prompt":
         return Expectation(None, "none", "off")
-    instructions, last_user = request_texts(body, endpoint)
-    found = derive(instructions, last_user)
-    if setting == "off" and found.reason == "prompt" and found.code == "en":
-        # An English prompt that names no language: nothing to hold the answer to. One that
-        # names languages keeps its weak expectation (English and those languages).
-        return Expectation(None, "none", "english")
-    return found
+    return derive(request_turns(body, endpoint))
 
 
 def _is_structured(body: dict[str, Any]) -> bool:

@@ -239,7 +239,12 @@ class Guarded:
         if asked is None or not self.proxy.settings.allow_client_override:
             return None
         _check_override(scope, "x-guard-language")
-        value = asked.decode("latin-1").strip().lower()
+        # A client sends a name in its own script as UTF-8 ("Français", "中文"); HTTP calls
+        # header bytes Latin-1, which is what bytes that are not UTF-8 are read as.
+        try:
+            value = asked.decode("utf-8").strip().lower()
+        except UnicodeDecodeError:
+            value = asked.decode("latin-1").strip().lower()
         if value in ("none", "off"):
             return "none"
         try:
