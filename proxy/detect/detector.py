@@ -114,7 +114,11 @@ class Detector:
         self._checks = 0
         self._diversity_next = 0
         self._drift = LanguageDrift(cfg, self.expected_language, self.accepted_languages)
-        self._salad = WordSalad(cfg, self.expected_language)
+        # Words are checked against one language's list: only when that language is the only
+        # one the answer may be in (a weak expectation that accepts Swahili beside English must
+        # not judge Swahili words as English ones).
+        others = accepted_languages - {code}
+        self._salad = WordSalad(cfg, None if others else self.expected_language)
         self._gibberish = Gibberish(cfg)
         self._entropy = EntropyWindow(cfg.entropy_window_tokens)
         self._entropy_min: float | None = None

@@ -51,8 +51,20 @@ def fallback_languages(reference: str) -> frozenset[str]:
 
 
 def code_like(text: str) -> bool:
-    """Prose rarely has more than one brace, bracket, semicolon or sigil in 33 characters."""
-    return len(_CODE_SYMBOLS.findall(text)) > 0.03 * len(text)
+    """Prose rarely has more than one brace, bracket, semicolon or sigil in 33 characters; a
+    Markdown table (most of its lines rows of cells) is data too: team names and scores between
+    bars identify as any language."""
+    return len(_CODE_SYMBOLS.findall(text)) > 0.03 * len(text) or table_like(text)
+
+
+def table_like(text: str) -> bool:
+    """Most lines of ``text`` (two or more) are table rows: they start with a bar and hold
+    another one."""
+    if text.count("|") < 4:
+        return False
+    lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
+    rows = sum(1 for ln in lines if ln.startswith("|") and ln.count("|") >= 2)
+    return rows >= 2 and 2 * rows >= len(lines)
 
 
 # A line of source code, as opposed to a line of prose, verse, math or Markdown: a preprocessor

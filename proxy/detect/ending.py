@@ -66,9 +66,24 @@ def _weight(clean: str) -> int:
 
 
 def _code_unit(text: str, code_like: Callable[[str], bool]) -> bool:
-    """Code, by the streaming signal's density rule, with at least three symbols: one bracket
-    and a semicolon make a 35-character list item look like code ("1) a laptop;")."""
+    """Code, by the streaming signal's density rule, with at least three symbols (one bracket
+    and a semicolon make a 35-character list item look like code: "1) a laptop;"), or a row of
+    a table (two cells or more): names and numbers between bars are data, not sentences."""
+    if text.count("|") >= 2 and text.strip().startswith("|"):
+        return True
     return code_like(text) and sum(text.count(c) for c in "{}();=$<>[]") >= 3
+
+
+#: Different words a unit of a spaced script needs to be prose: "Row 1: 1, 5, 8 … Column 1: …"
+#: lines merged into one unit are labels and numbers, which identification reads as anything.
+PROSE_WORDS = 4
+_ALPHA_WORD = re.compile(r"[^\W\d_]{2,}")
+
+
+def _prose_words(clean: str) -> bool:
+    if _WIDE.search(clean):
+        return True
+    return len({w.lower() for w in _ALPHA_WORD.findall(clean)}) >= PROSE_WORDS
 
 
 def words_in(unit: str) -> int:
@@ -125,7 +140,7 @@ def identified_units(text: str) -> list[Unit]:
                 pending = ""  # markup or code with no prose in it: skip it
             continue
         pending = ""
-        if weight < UNIT_MIN // 2:
+        if weight < UNIT_MIN // 2 or not _prose_words(clean):
             continue
         # A phrase in quotes is mentioned, not written in: "In German, the phrase «…»
         # translates to …" is an English sentence, whatever the quotation says.

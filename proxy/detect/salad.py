@@ -51,8 +51,11 @@ _EDGES = "\"'“”„«»‘’‚‹›()[]{}<>.,;:!?¿¡*_~…—–-/\\|#"
 _MIN_LETTERS = 4
 _LETTERS = r"[^\W\d_]+(?:['’][^\W\d_]+)*"
 _EDGE_CLASS = "[" + re.escape(_EDGES) + "]*"
-# A whole whitespace-separated token that is letters (and inner apostrophes) inside punctuation.
-_WORD = re.compile(r"(?<!\S)" + _EDGE_CLASS + "(" + _LETTERS + ")" + _EDGE_CLASS + r"(?!\S)")
+# A whole whitespace-separated token that is letters (and inner apostrophes) inside punctuation;
+# never a hashtag or a handle ("#womeninscience", "@nasa"): names made of run-together words.
+_WORD = re.compile(
+    r"(?<!\S)(?![#@])" + _EDGE_CLASS + "(" + _LETTERS + ")" + _EDGE_CLASS + r"(?!\S)"
+)
 _WHOLE = re.compile(_LETTERS)
 _MAX_TOKEN = 256
 #: Languages that write compounds as one word, and the shortest part of one that is judged.

@@ -17,7 +17,7 @@ from proxy.detect.types import DetectorConfig
 # Scripts that matter for LLM output, as regex classes. Han, Hiragana and Katakana are kept apart
 # so the established mix can tell Japanese from Chinese.
 _SCRIPTS: dict[str, str] = {
-    "Latin": "A-Za-z\u00c0-\u024f\u1e00-\u1eff",
+    "Latin": "A-Za-z\u00c0-\u024f\u0250-\u02af\u1e00-\u1eff",
     "Cyrillic": "\u0400-\u052f",
     "Greek": "\u0370-\u03ff",
     "Arabic": "\u0600-\u06ff\u0750-\u077f\ufb50-\ufdff\ufe70-\ufeff",
@@ -105,20 +105,32 @@ def intruding_share(
     return (max(foreign, key=foreign.__getitem__), letters / recent_total, letters)
 
 
+_CYRILLIC = (
+    "ru", "uk", "be", "bg", "sr", "mk", "kk", "ky", "mn", "tg", "tt", "ba", "cv", "ce", "os",
+    "av", "kv",
+)  # fmt: skip
+_OTHER = (
+    "hy", "bn", "as", "pa", "gu", "or", "ta", "te", "kn", "ml", "si", "bo", "my", "ka", "am",
+    "km",
+)  # fmt: skip
 _LANGUAGE_SCRIPTS: dict[str, tuple[str, ...]] = {
     "ja": ("Han", "Hiragana", "Katakana"),
     "zh": ("Han",),
     "ko": ("Hangul", "Han"),
-    "ar": ("Arabic",),
-    "fa": ("Arabic",),
-    "ur": ("Arabic",),
-    "he": ("Hebrew",),
     "el": ("Greek",),
-    "hi": ("Devanagari",),
-    "mr": ("Devanagari",),
-    "ne": ("Devanagari",),
     "th": ("Thai",),
-    **dict.fromkeys(("ru", "uk", "be", "bg", "sr", "mk", "kk", "ky", "mn"), ("Cyrillic",)),
+    **dict.fromkeys(("ar", "fa", "ur", "ps", "sd", "ug", "ckb"), ("Arabic",)),
+    **dict.fromkeys(("he", "yi"), ("Hebrew",)),
+    **dict.fromkeys(("hi", "mr", "ne", "sa", "bh"), ("Devanagari",)),
+    **dict.fromkeys(_CYRILLIC, ("Cyrillic",)),
+    # The scripts of the "Other" class: Armenian, the Brahmic scripts of South and South-East
+    # Asia, Tibetan, Georgian, Ethiopic.
+    **dict.fromkeys(_OTHER, ("Other",)),
+    # Written in more than one script (Latin is always native).
+    "az": ("Latin", "Cyrillic", "Arabic"),
+    "uz": ("Latin", "Cyrillic"),
+    "ku": ("Latin", "Arabic"),
+    "pa": ("Other", "Arabic"),
 }
 
 
