@@ -103,10 +103,11 @@ class StreamGuard:
         #: Per-surface state (the Responses/Messages surfaces keep theirs here).
         self.extra: Any = None
         self._ended_count = 0
-        #: Whether an answer's drift is judged sentence by sentence when it ends: a streamed
-        #: answer has reached the client whole by then, so the judgement (and identification
-        #: that only fed it) could change nothing; only a non-streamed one pays for it.
-        self.end_drift = policy.collect
+        #: Whether an answer's drift is judged sentence by sentence when it ends. A streamed
+        #: answer is judged too, at its finish event (:meth:`judge_finish`): its text has
+        #: reached the client, but its finish reason, the metrics and heal still take the
+        #: verdict, so the proxy and ``coherence-guard score`` agree on every answer.
+        self.end_drift = True
 
     @property
     def usage(self) -> dict[str, Any] | None:
@@ -306,6 +307,13 @@ class StreamGuard:
                 continue
             finish = choice.get("finish_reason")
             if finish is not None:
+                if finish != ENGINE_REPETITION:
+                    ended = self.judge_finish(state)
+                    if ended is not None:
+                        reason = self.policy.abort_finish_reason
+                        chunks.mark_aborted(choice, ended, reason, state.tokens)
+                        finish = reason
+                        modified = True
                 self._end(state, str(finish), choice.get("stop_reason"))
                 if finish == ENGINE_REPETITION and self.policy.map_engine_repetition:
                     choice["finish_reason"] = self.policy.abort_finish_reason
@@ -374,6 +382,28 @@ class StreamGuard:
             return True
         state.action = "observed"
         return False
+
+    def judge_finish(self, state: BlockState) -> Verdict | None:
+        """The block's end-of-answer judgement, as its finish arrives (once): what the
+        streaming windows had too little text for (a short answer wholly in another language,
+        a loop or salad in its last words; see :meth:`proxy.detect.Detector.finish`). The
+        verdict is recorded on ``state``; returned when it asks for the guard's ending
+        (``enforce``: the surface ends the block as an abort does, though nothing is left to
+        stop), else ``None``."""
+        if state.verdict is not None or state.summary is not None:
+            return None
+        verdict = state.finish(end_drift=True).verdict
+        if verdict is None:
+            return None
+        state.verdict = verdict
+        state.trigger_text = ""
+        if self.on_verdict is not None:
+            self.on_verdict(state)
+        if self.mode != "enforce":
+            state.action = "observed"
+            return None
+        state.action = "aborted"
+        return verdict
 
     def _note_usage(self, usage: dict[str, Any]) -> None:
         self.usage = usage

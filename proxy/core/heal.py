@@ -181,6 +181,14 @@ class HealGuard(StreamGuard):
             return self._verdict(state, state.verdict, item)
         return self._hold(item)
 
+    def judge_finish(self, state: BlockState) -> Verdict | None:
+        """The first stage is judged at its finish as any stream is (its verdict is healed
+        below); a continuation is judged by :meth:`_judged_at_end`, which also weighs its words
+        against the answer it continues."""
+        if self.carry.origin is not None:
+            return None
+        return super().judge_finish(state)
+
     def _judged_at_end(self, state: BlockState) -> bool:
         """Judge a continuation once it ends, with the detector's end-of-stream checks (short
         loops, salad, gibberish the streaming windows had too little text for); True when it

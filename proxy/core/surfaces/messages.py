@@ -150,6 +150,14 @@ class _Messages:
                 reason = ms.stop_reason
                 state.finish_reason = FINISH_REASONS.get(reason, reason) if reason else None
                 state.stop_reason = ms.stop_sequence
+                verdict = guard.judge_finish(state) if reason else None
+                if verdict is not None:
+                    # Judged as it finished: the guard's ending, with the engine's usage.
+                    state.finish_reason = guard.policy.abort_finish_reason
+                    ending = abort_delta(guard, state, verdict)
+                    if ms.usage is not None:
+                        ending["usage"] = ms.usage
+                    return encode(ending)
         elif kind == "message_stop":
             guard.saw_done = True
             guard.done = True

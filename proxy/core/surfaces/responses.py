@@ -174,7 +174,9 @@ class _Responses:
             if isinstance(response, dict):
                 guard.template = response
         elif kind in TERMINAL:
-            self._terminal(guard, rs, obj.get("response"))
+            ending = self._terminal(guard, rs, obj.get("response"))
+            if ending is not None:
+                return ending
         elif kind == "error":
             guard.error = {k: v for k, v in obj.items() if k not in ("type", "sequence_number")}
             guard.done = True
@@ -261,11 +263,13 @@ class _Responses:
         emit({"type": kind, "response": incomplete_response(guard, aborted)})
         return b"".join(out)
 
-    def _terminal(self, guard: GuardView, rs: ResponsesState, response: Any) -> None:
+    def _terminal(self, guard: GuardView, rs: ResponsesState, response: Any) -> bytes | None:
+        """Take the engine's terminal event; the guard's ending instead of it when an item is
+        judged degenerate as the response finishes (enforce), else ``None``."""
         guard.done = True
         if not isinstance(response, dict):
             guard.error = {"message": "The upstream ended the response without a body."}
-            return
+            return None
         rs.final = response
         guard.saw_done = True
         usage = response.get("usage")
@@ -289,10 +293,24 @@ class _Responses:
             finish = "length" if reason == "max_output_tokens" else "content_filter"
         else:
             finish = "stop"
+        judged = None
         for state in guard.choices.values():
             if not state.ended:
                 state.ended = True
                 state.finish_reason = finish
+                if finish is not None:
+                    verdict = guard.judge_finish(state)
+                    if verdict is not None and judged is None:
+                        judged = state
+        if judged is None:
+            return None
+        judged.finish_reason = guard.policy.abort_finish_reason
+        ending = incomplete_response(guard, judged)
+        if isinstance(usage, dict):
+            ending["usage"] = usage  # the engine's own count: the answer ran to its end
+        rs.seq += 1
+        kind = terminal_event("incomplete", guard.policy.abort_event)
+        return encode({"type": kind, "response": ending, "sequence_number": rs.seq})
 
     def failure(self, guard: GuardView, error: GuardError) -> bytes:
         rs = _state(guard)
