@@ -65,6 +65,9 @@ class StreamGuard:
     #: Called with the block the moment its verdict fires (the shell's tracing sets it; only
     #: verdicts pay for it, never a chunk).
     on_verdict: Callable[[BlockState], None] | None = None
+    #: Set where a subclass judges a block's finish itself (a heal continuation), so that
+    #: :meth:`judge_finish` leaves it alone.
+    judges_own_finish = False
 
     def __init__(
         self,
@@ -390,7 +393,7 @@ class StreamGuard:
         verdict is recorded on ``state``; returned when it asks for the guard's ending
         (``enforce``: the surface ends the block as an abort does, though nothing is left to
         stop), else ``None``."""
-        if state.verdict is not None or state.summary is not None:
+        if state.verdict is not None or state.summary is not None or self.judges_own_finish:
             return None
         verdict = state.finish(end_drift=True).verdict
         if verdict is None:

@@ -80,8 +80,6 @@ class HealGuard(StreamGuard):
         detector_for: Callable[[str], Detector] | None = None,
     ) -> None:
         super().__init__(policy, make_detector)
-        # A continuation is judged when it ends, drift included (``_judged_at_end``).
-        self.end_drift = True
         #: Builds a continuation's detector expecting a language (``None``: the request
         #: already named one, or no language is to be expected).
         self._detector_for = detector_for
@@ -89,6 +87,8 @@ class HealGuard(StreamGuard):
         self._quick = None
         self.heal = heal
         self.carry = carry or HealCarry()
+        # A continuation judges itself when it ends, its words against the answer it continues.
+        self.judges_own_finish = self.carry.origin is not None
         #: A constrained (structured-output) answer is asked again from its start rather than
         #: continued: the engine's grammar would start over at the continuation's first token.
         self.restart = restart
@@ -180,14 +180,6 @@ class HealGuard(StreamGuard):
             self._handled = True
             return self._verdict(state, state.verdict, item)
         return self._hold(item)
-
-    def judge_finish(self, state: BlockState) -> Verdict | None:
-        """The first stage is judged at its finish as any stream is (its verdict is healed
-        below); a continuation is judged by :meth:`_judged_at_end`, which also weighs its words
-        against the answer it continues."""
-        if self.carry.origin is not None:
-            return None
-        return super().judge_finish(state)
 
     def _judged_at_end(self, state: BlockState) -> bool:
         """Judge a continuation once it ends, with the detector's end-of-stream checks (short

@@ -97,7 +97,6 @@ class Detector:
         self._carry = ""
         self._anchors: deque[tuple[int, int]] = deque()
         self._fences = 0
-        # signal state
         self._ngram_streak = 0
         self._ngram_onset = 0
         self._json_like: bool | None = None
@@ -114,11 +113,8 @@ class Detector:
         self._checks = 0
         self._diversity_next = 0
         self._drift = LanguageDrift(cfg, self.expected_language, self.accepted_languages)
-        # Words are checked against one language's list: only when that language is the only
-        # one the answer may be in (a weak expectation that accepts Swahili beside English must
-        # not judge Swahili words as English ones).
-        others = accepted_languages - {code}
-        self._salad = WordSalad(cfg, None if others else self.expected_language)
+        # Words are checked against one language's list: only when no other is accepted.
+        self._salad = WordSalad(cfg, None if accepted_languages - {code} else code or None)
         self._gibberish = Gibberish(cfg)
         self._entropy = EntropyWindow(cfg.entropy_window_tokens)
         self._entropy_min: float | None = None

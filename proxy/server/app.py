@@ -163,7 +163,7 @@ def _warm_up(
         load_all()
     # The language-name index and its pattern for unspaced scripts (~50 ms, ~3 MB): read by
     # every request's derivation, and by the x-guard-language header.
-    from proxy.core.requested_language import find_names
+    from proxy.core.language_mentions import find_names
 
     find_names("用英文回答")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from proxy.core.rewrite import RewritePolicy, rewrite_request
@@ -182,14 +184,15 @@ def test_a_quotation_that_ends_a_sentence_stays_in_its_unit() -> None:
     assert [u.code for u in units] == ["pl", "en"]
 
 
-def test_an_english_prompt_expects_what_it_asks_for_and_nothing_else() -> None:
-    """ "Write it in Italian" is an English prompt whose healthy answer is Italian: the request
-    sets the expectation. Without one, models drift into English, not out of it, so an English
-    prompt expects nothing."""
+def test_an_english_prompt_expects_what_it_asks_for_or_english() -> None:
+    """ "Write a story in Italian" is an English prompt whose healthy answer is Italian: the
+    request sets the expectation. Without one, the conversation's own language is expected, so
+    an English question answered in Chinese is judged."""
     body = chat("Write a 75-paragraph story in Italian, numbering each paragraph")
-    assert rewrite_request(body, "chat", RewritePolicy()).expected_language == "it"
+    assert rewrite_request(body, "chat", RewritePolicy()).expectation.accepted == {"it"}
     body = chat("Write a 75-paragraph story about the sea, numbering each paragraph")
-    assert rewrite_request(body, "chat", RewritePolicy()).expected_language is None
+    found = rewrite_request(body, "chat", RewritePolicy()).expectation
+    assert (found.code, found.accepted) == ("en", {"en"})
 
 
 def test_a_chinese_answer_that_ends_in_four_copies_of_a_sentence_is_a_loop() -> None:
@@ -214,9 +217,9 @@ def test_a_list_item_with_a_bracket_and_a_semicolon_is_prose() -> None:
     assert verdict is not None and verdict.signal == "language-drift"
 
 
-def test_a_verdict_at_the_end_of_a_non_streamed_answer_is_recorded_as_observed() -> None:
-    """The relay cannot act on a verdict given when the choice has ended, but it records it for
-    a non-streamed answer, so the detection reaches the metrics."""
+def test_a_verdict_at_the_end_of_a_non_streamed_answer_ends_it_as_the_guard_does() -> None:
+    """A non-streamed answer judged when its finish arrives gets the guard's ending (its
+    verdict, the abort's finish reason) though the engine finished it: nothing was stopped."""
     from proxy.core.guard import StreamGuard
     from proxy.core.policy import GuardPolicy
     from tests.test_relay import stream as sse_stream
@@ -228,16 +231,26 @@ def test_a_verdict_at_the_end_of_a_non_streamed_answer_is_recorded_as_observed()
     guard.feed(whole)
     guard.eof()
     [record] = guard.records(None)
-    assert record.detection_action == "observed"
+    assert record.detection_action == "aborted"
     assert record.summary is not None and record.summary.verdict is not None
     assert record.summary.verdict.signal == "language-drift"
+    answer = guard.response(trim=False)
+    assert answer["choices"][0]["finish_reason"] == "content_filter"
+    assert answer["choices"][0]["guard"]["signal"] == "language-drift"
     assert guard.outcome() == "completed"
 
 
-def test_a_streamed_answer_skips_the_end_drift_judgement() -> None:
-    """A streamed answer has reached the client whole when it ends: the sentence-level drift
-    judgement (fastText per sentence) could change nothing, so the relay does not pay for it
-    (the metric says so); the client's bytes are untouched either way."""
+def _finish_of(out: bytes) -> dict[str, object]:
+    chunks = [json.loads(line[6:]) for line in out.decode().split("\n") if line[6:7] == "{"]
+    return next(
+        c["choices"][0] for c in chunks if c.get("choices") and c["choices"][0].get("finish_reason")
+    )
+
+
+def test_a_streamed_answer_wholly_in_the_wrong_language_is_judged_at_its_finish() -> None:
+    """A short answer too small for the streaming drift check reaches the client whole; its
+    finish event still carries the verdict (finish reason, guard object), as
+    ``coherence-guard score`` judges it, and the engine's own ending follows untouched."""
     from proxy.core.guard import GuardPolicy, StreamGuard
     from tests.test_relay import stream as sse_stream
 
@@ -246,17 +259,19 @@ def test_a_streamed_answer_skips_the_end_drift_judgement() -> None:
     guard = StreamGuard(
         GuardPolicy.create(mode="enforce"), lambda: Detector(expected_language="it")
     )
-    assert guard.feed(whole) + guard.eof() == whole
+    out = guard.feed(whole) + guard.eof()
+    finish = _finish_of(out)
+    assert finish["finish_reason"] == "content_filter"
+    assert finish["guard"]["signal"] == "language-drift"  # type: ignore[index]
+    assert out.endswith(b"data: [DONE]\n\n") and guard.saw_done
     [record] = guard.records(None)
-    assert record.detection_action is None
-    assert record.summary is not None and record.summary.verdict is None
-    assert record.summary.chars == len(SHORT_DRIFT)
-    assert guard.outcome() == "completed"
+    assert record.detection_action == "aborted"
+    assert record.summary is not None and record.summary.chars == len(SHORT_DRIFT)
 
 
-def test_a_streamed_answer_keeps_the_other_end_checks() -> None:
-    """A loop too short for the streaming thresholds is still judged when a streamed answer
-    ends (those checks cost about one streaming check) and recorded as observed."""
+def test_a_streamed_answer_ending_in_a_short_loop_is_judged_at_its_finish() -> None:
+    """A loop too short for the streaming thresholds is judged when the answer's finish
+    arrives; in monitor mode it is recorded as observed and the bytes are untouched."""
     from proxy.core.guard import GuardPolicy, StreamGuard
     from tests.test_relay import stream as sse_stream
 
@@ -265,11 +280,14 @@ def test_a_streamed_answer_keeps_the_other_end_checks() -> None:
     assert not streamed_only(text, DetectorConfig())  # nothing fires while streaming
     whole = sse_stream([text])
     guard = StreamGuard(GuardPolicy.create(mode="enforce"), lambda: Detector())
-    assert guard.feed(whole) + guard.eof() == whole
+    assert _finish_of(guard.feed(whole) + guard.eof())["finish_reason"] == "content_filter"
     [record] = guard.records(None)
-    assert record.detection_action == "observed"
     assert record.summary is not None and record.summary.verdict is not None
     assert record.summary.verdict.signal == "repetition"
+    watch = StreamGuard(GuardPolicy.create(mode="monitor"), lambda: Detector())
+    assert watch.feed(whole) + watch.eof() == whole
+    [record] = watch.records(None)
+    assert record.detection_action == "observed"
 
 
 @pytest.mark.parametrize(
