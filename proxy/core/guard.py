@@ -21,6 +21,7 @@ choice remains. The Responses and Messages surfaces are in :mod:`proxy.core.surf
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -107,6 +108,9 @@ class StreamGuard:
         #: answer has reached the client whole by then, so the judgement (and identification
         #: that only fed it) could change nothing; only a non-streamed one pays for it.
         self.end_drift = policy.collect
+        #: The ending of an aborted stream, held until the shell has asked the engine for the
+        #: prompt's count (see :meth:`ending`); written by :meth:`release`.
+        self.held: Callable[[], bytes] | None = None
 
     @property
     def usage(self) -> dict[str, Any] | None:
@@ -393,15 +397,43 @@ class StreamGuard:
         if not self.aborted or self._ended_count < self.n:
             return out
         self.done = True
-        tail = [out]
         if self.policy.client_wants_usage and self.template is not None:
-            tail.append(encode_data(chunks.usage_chunk(self.template, self.final_usage())))
-        tail.append(DONE_EVENT)
-        return b"".join(tail)
+            return out + self.ending(functools.partial(self._usage_end, self.template))
+        return out + DONE_EVENT
+
+    def _usage_end(self, template: dict[str, Any]) -> bytes:
+        """The usage chunk (ids from ``template``) and ``[DONE]``: an aborted stream's end."""
+        return encode_data(chunks.usage_chunk(template, self.final_usage())) + DONE_EVENT
+
+    def ending(self, make: Callable[[], bytes]) -> bytes:
+        """The events that end an aborted stream (their usage included), from ``make``: built
+        and returned now, or, where the policy holds endings and the engine has not counted the
+        prompt yet (it writes usage only at the end), held for :meth:`release`: the shell asks
+        the engine for the count first. ``make`` runs when the ending is written, so it reads
+        the count the shell found."""
+        if self.policy.hold_ending and self.prompt_uncounted:
+            self.held = make
+            return b""
+        return make()
+
+    @property
+    def prompt_uncounted(self) -> bool:
+        """An aborted answer whose usage lacks the engine's count of the prompt: the shell asks
+        the engine for it (:mod:`proxy.server.prompt_count`) before the answer ends."""
+        return self.aborted and self.prompt_tokens is None
+
+    def counted(self, prompt_tokens: int) -> None:
+        """The engine's count of the prompt, asked for after the abort."""
+        self.prompt_tokens = prompt_tokens
+
+    def release(self) -> bytes:
+        """The held ending (see :meth:`ending`), built now; empty when none is held."""
+        make, self.held = self.held, None
+        return b"" if make is None else make()
 
     def final_usage(self) -> dict[str, Any]:
         completion = sum(s.tokens for s in self.choices.values())
-        return chunks.chat_usage(self.prompt_tokens or 0, completion)
+        return chunks.chat_usage(self.prompt_tokens, completion)
 
     def upstream_failed(self, error: GuardError) -> bytes:
         """The upstream died mid-stream: the surface's error events, never a hang."""

@@ -10,6 +10,7 @@ runs back up. Only types live here; nothing runs at import.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -45,6 +46,8 @@ class GuardView(Protocol):
     ) -> Verdict | None: ...
 
     def final_usage(self) -> dict[str, Any]: ...
+
+    def ending(self, make: Callable[[], bytes]) -> bytes: ...
 
     def _event(self, raw: bytes, data: bytes | None) -> bytes: ...
 
