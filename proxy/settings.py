@@ -194,6 +194,9 @@ class Settings(BaseSettings):
     client_write_timeout: float = Field(default=30.0, gt=0)
     #: Overall limit on one request, seconds (0 = none).
     request_deadline: float = Field(default=0.0, ge=0)
+    #: Seconds an aborted answer may wait for the engine's count of its prompt (POST /tokenize),
+    #: asked only where the engine sent none before the abort; 0 = never asked (left out).
+    prompt_count_timeout: float = Field(default=1.0, ge=0)
 
     # --- operability ---
     log_format: Literal["text", "json"] = "text"

@@ -136,8 +136,16 @@ class CannedEngine:
     non-stream answer to a stream request, …): for answers the fake vLLM does not give. Records
     the request heads it saw."""
 
-    def __init__(self, response: bytes, *, answers_per_connection: int | None = None) -> None:
+    def __init__(
+        self,
+        response: bytes,
+        *,
+        answers_per_connection: int | None = None,
+        routes: dict[bytes, bytes] | None = None,
+    ) -> None:
         self.response = response
+        #: Other answers by request path (``b"/v1/models"``); every other path gets ``response``.
+        self.routes = routes or {}
         self.heads: list[bytes] = []
         #: After this many answers on one connection the next request on it is read and the
         #: connection closed unanswered: an engine that closes an idle keep-alive connection
@@ -168,8 +176,6 @@ class CannedEngine:
         """Answers each request on the connection. A canned answer with a length and no
         ``connection: close`` leaves the connection open for the next request, as an HTTP/1.1
         server does: closing it unannounced raced the proxy's reuse of its pooled connection."""
-        lower = self.response.split(b"\r\n\r\n", 1)[0].lower()
-        keep = b"content-length:" in lower and b"connection: close" not in lower
         with conn:
             data = b""
             answered = 0
@@ -197,8 +203,10 @@ class CannedEngine:
                 answered += 1
                 if LOOKUP_USER_AGENT.encode() not in head:  # the proxy's own /v1/models look-up
                     self.heads.append(head)
-                conn.sendall(self.response)
-                if not keep:
+                answer = self.routes.get(head.split(b" ", 2)[1], self.response)
+                conn.sendall(answer)
+                lower = answer.split(b"\r\n\r\n", 1)[0].lower()
+                if b"content-length:" not in lower or b"connection: close" in lower:
                     return
 
     def close(self) -> None:
@@ -210,8 +218,15 @@ def canned_engine() -> Iterator[Callable[..., CannedEngine]]:
     """Factory: ``canned_engine(raw_response) -> CannedEngine`` (closed at teardown)."""
     engines: list[CannedEngine] = []
 
-    def start(response: bytes, *, answers_per_connection: int | None = None) -> CannedEngine:
-        engine = CannedEngine(response, answers_per_connection=answers_per_connection)
+    def start(
+        response: bytes,
+        *,
+        answers_per_connection: int | None = None,
+        routes: dict[bytes, bytes] | None = None,
+    ) -> CannedEngine:
+        engine = CannedEngine(
+            response, answers_per_connection=answers_per_connection, routes=routes
+        )
         engines.append(engine)
         return engine
 

@@ -112,23 +112,42 @@ def assert_engine_usage_shape(usage: dict[str, Any]) -> None:
         assert set(usage[key]) == set(engine[key]), key
 
 
-def test_an_aborted_stream_ends_with_a_response_the_sdk_validates() -> None:
-    g = StreamGuard(GuardPolicy.create(endpoint="responses"), Detector)
+@pytest.mark.parametrize("counted", [19, None], ids=["counted", "uncounted"])
+def test_an_aborted_stream_ends_with_a_response_the_sdk_validates(counted: int | None) -> None:
+    """vLLM writes its usage only on the terminal event: the ending waits for the shell's count
+    of the prompt. With it, the usage has the engine's shape; without it, ``usage`` is null
+    (a usage without its input count would fail the SDK's validation)."""
+    g = StreamGuard(GuardPolicy.create(endpoint="responses", hold_ending=True), Detector)
     raw = g.feed((SURFACES / "responses_vllm_loop.sse").read_bytes())
-    assert g.aborted
+    assert g.aborted and g.prompt_uncounted and g.held is not None
+    if counted is not None:
+        g.counted(counted)
+    raw += g.release()
     last = raw.rsplit(b"\n\n", 2)[-2]
     event = orjson.loads(last.partition(b"\ndata: ")[2])
     assert event["type"] == "response.completed"
     ResponseCompletedEvent.model_validate(event)  # raises on a field the SDK requires
-    assert_engine_usage_shape(event["response"]["usage"])
+    usage = event["response"]["usage"]
+    if counted is None:
+        assert usage is None
+    else:
+        assert_engine_usage_shape(usage)
+        assert usage["input_tokens"] == counted
 
 
-def test_an_aborted_answer_is_a_response_the_sdk_validates() -> None:
+@pytest.mark.parametrize("counted", [19, None], ids=["counted", "uncounted"])
+def test_an_aborted_answer_is_a_response_the_sdk_validates(counted: int | None) -> None:
     g = StreamGuard(GuardPolicy.create(endpoint="responses", collect=True), Detector)
     g.feed((SURFACES / "responses_vllm_loop.sse").read_bytes())
+    assert g.prompt_uncounted
+    if counted is not None:
+        g.counted(counted)
     answer = g.response(trim=True)
     Response.model_validate(answer)
-    assert_engine_usage_shape(answer["usage"])
+    if counted is None:
+        assert answer["usage"] is None
+    else:
+        assert_engine_usage_shape(answer["usage"])
 
 
 @pytest.mark.parametrize(

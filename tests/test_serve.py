@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from proxy.cli.serve import loopback
 from tests.fakes.vllm import FakeVLLM, Script
 from tests.net import HANG_GUARD, free_port, stop_process, wait_healthy
 
@@ -459,23 +460,77 @@ def test_serve_with_one_worker_clears_a_previous_process_metrics_files(
     assert metrics_dir.is_dir()
 
 
-def test_serve_warns_of_an_open_relay_holding_the_engines_key(tmp_path: Path) -> None:
-    """GUARD_UPSTREAM_API_KEY without GUARD_API_KEYS on a reachable address: whoever reaches
-    the port uses the engine with the proxy's key. Said at start-up, not found out later."""
-    port = free_port()
+def _startup_report(host: str, engine: FakeVLLM, cwd: Path, env: dict[str, str]) -> list[str]:
+    """What ``serve --host host`` logs up to the end of its start-up report (the engine's
+    answer is its last line), in front of ``engine``."""
     proc = _serve(
-        ["--port", str(port), "--host", "0.0.0.0"],
-        tmp_path,
-        GUARD_UPSTREAM_API_KEY="engine-key",
+        ["--port", str(free_port()), "--host", host, "--upstream", engine.url],
+        cwd,
         GUARD_UPSTREAM_CHECK_INTERVAL="0",
+        **env,
     )
     err = _Stderr(proc)
     try:
-        line = err.wait_for(lambda line: "GUARD_UPSTREAM_API_KEY" in line or "running on" in line)
-        assert "GUARD_API_KEYS is not" in line and "WARNING" in line
-        assert "engine-key" not in "\n".join(err.lines)
+        err.wait_for(lambda line: "proxy.cli.serve: engine at" in line)
     finally:
         _stop(proc, err)
+    return err.lines
+
+
+OPEN_DOORS = [
+    pytest.param({}, "GUARD_API_KEYS is not set, on 0.0.0.0", id="no-client-keys"),
+    pytest.param(
+        {"GUARD_UPSTREAM_API_KEY": "engine-key"},
+        "GUARD_UPSTREAM_API_KEY is set and GUARD_API_KEYS is not, on 0.0.0.0",
+        id="engine-key-without-client-keys",
+    ),
+]
+
+
+@pytest.mark.parametrize(("env", "said"), OPEN_DOORS)
+def test_serve_says_once_that_a_reachable_port_checks_no_client_key(
+    env: dict[str, str], said: str, fake_upstream: FakeVLLM, tmp_path: Path
+) -> None:
+    """``serve`` on an address other hosts can reach without GUARD_API_KEYS: whoever reaches
+    the port is a client (with the engine's key, they use the operator's credential). Said at
+    start-up in exactly one warning line that names the variable which closes it, never a
+    secret; the report that ends the start-up (the engine answers) comes after it."""
+    lines = _startup_report("0.0.0.0", fake_upstream, tmp_path, env)
+    warnings = [line for line in lines if "WARNING" in line]
+    assert len(warnings) == 1, lines
+    assert said in warnings[0] and "Set GUARD_API_KEYS" in warnings[0]
+    assert "engine-key" not in "\n".join(lines)
+
+
+@pytest.mark.parametrize(
+    ("host", "env"),
+    [("0.0.0.0", {"GUARD_API_KEYS": "k1"}), ("127.0.0.1", {}), ("::1", {})],
+    ids=["client-keys", "loopback-v4", "loopback-v6"],
+)
+def test_serve_says_nothing_of_keys_where_the_door_is_shut(
+    host: str, env: dict[str, str], fake_upstream: FakeVLLM, tmp_path: Path
+) -> None:
+    """Client keys checked, or an address only this host reaches: no warning about keys."""
+    lines = _startup_report(host, fake_upstream, tmp_path, env)
+    assert not [line for line in lines if "WARNING" in line], lines
+
+
+@pytest.mark.parametrize(
+    ("host", "reachable"),
+    [
+        ("127.0.0.1", False),
+        ("127.8.9.10", False),
+        ("localhost", False),
+        ("::1", False),
+        ("[::1]", False),
+        ("0.0.0.0", True),
+        ("::", True),
+        ("10.1.2.3", True),
+        ("proxy.example", True),
+    ],
+)
+def test_only_loopback_addresses_count_as_shut(host: str, reachable: bool) -> None:
+    assert loopback(host) is not reachable
 
 
 def test_an_idle_client_connection_outlives_the_clients_own_pool_expiry(

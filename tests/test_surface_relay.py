@@ -122,9 +122,13 @@ def test_responses_real_loop_ends_like_the_engines_early_stop() -> None:
     without a gap. (Until the ending followed the engine's, it was ``response.incomplete``,
     which the openai SDK's stream helper rejects.)"""
     whole = (STREAMS / "responses_vllm_loop.sse").read_bytes()
-    g = guard("responses")
+    g = guard("responses", hold_ending=True)
     out = g.feed(whole)
     assert g.done and g.aborted and g.outcome() == "aborted"
+    # vLLM counts the prompt only on its terminal event: the ending waits for the shell's ask.
+    assert g.held is not None and g.prompt_uncounted
+    g.counted(44)
+    out += g.release()
     assert out.startswith(whole[: len(out) // 2])
     sent = events_of(out)
     names = [n for n, _ in sent]
@@ -150,6 +154,7 @@ def test_responses_real_loop_ends_like_the_engines_early_stop() -> None:
     assert details["guard"]["completion_tokens"] == g.choices[0].tokens
     assert response["output"] == [item_done["item"]]
     assert response["usage"]["output_tokens"] == g.choices[0].tokens
+    assert response["usage"]["input_tokens"] == 44
     assert response["id"] == sent[0][1]["response"]["id"]
     [record] = g.records(220)
     assert record.detection_action == "aborted"
@@ -206,8 +211,10 @@ def test_responses_one_detector_per_output_item() -> None:
     """A reasoning item and a message item get a detector each; a loop in the second item is
     cut there, with the finished reasoning item kept as the engine closed it."""
     script = Script(texts=["Sure. " + LOOP], reasoning="Let me think about this briefly.")
-    g = guard("responses")
-    sent = events_of(g.feed(fake_stream("responses", script)))
+    g = guard("responses", hold_ending=True)
+    out = g.feed(fake_stream("responses", script))
+    g.counted(7)
+    sent = events_of(out + g.release())
     assert sorted(g.choices) == [0, 1]
     assert g.choices[0].verdict is None and g.choices[1].action == "aborted"
     response = sent[-1][1]["response"]

@@ -86,6 +86,9 @@ SETTINGS_HELP: dict[str, str] = {
     "client_write_timeout": "Seconds a client may accept no bytes before it is dropped and the "
     "engine's generation closed.",
     "request_deadline": "Overall seconds one request may take (0: no limit).",
+    "prompt_count_timeout": "Seconds an aborted answer may wait for the engine's count of its "
+    "prompt (POST /tokenize), asked only when the engine sent none before the abort; without "
+    "it the usage leaves the count out (never 0). 0: never ask.",
     "log_format": "text or json (one JSON object per line).",
     "access_log": "Log one line per request (client, method, path, status, request id), "
     "in GUARD_LOG_FORMAT.",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import logging
 import os
 import shutil
@@ -138,18 +139,40 @@ def _upstream_given_in_dotenv() -> bool:
     return False
 
 
-#: Addresses only this host can reach.
-_LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+def loopback(host: str) -> bool:
+    """Whether ``host`` is an address only this host can reach (``127.0.0.0/8``, ``::1``,
+    ``localhost``)."""
+    name = host.strip().strip("[]").lower().rstrip(".")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
-def open_relay(settings: Settings) -> bool:
-    """The proxy adds the engine's key to every request and checks none of its own, on an
-    address other hosts can reach: whoever reaches the port holds the engine's credential."""
+def open_door(settings: Settings) -> str | None:
+    """The one start-up warning for a port that checks no client key (``GUARD_API_KEYS``
+    unset) on an address other hosts can reach; ``None`` when there is nothing to say.
+
+    Why a warning and not a refusal to start: the default ``0.0.0.0`` is what a container needs
+    (its loopback is its own), and a proxy behind a gateway or inside a cluster network that
+    authenticates clients itself needs no keys of its own. But the one-liner that opens an
+    unauthenticated port in front of a GPU must say so, once, naming the variable that closes
+    it. Holding the engine's key (``GUARD_UPSTREAM_API_KEY``) makes it worse: anyone's request
+    then carries the operator's credential, and the line says that instead."""
+    if settings.api_keys or loopback(settings.host):
+        return None
+    if settings.upstream_api_key:
+        return (
+            f"GUARD_UPSTREAM_API_KEY is set and GUARD_API_KEYS is not, on {settings.host}: "
+            "anyone who reaches this port uses the engine with the proxy's key. Set "
+            "GUARD_API_KEYS, or listen on 127.0.0.1"
+        )
     return (
-        bool(settings.upstream_api_key)
-        and not settings.api_keys
-        and settings.host not in _LOOPBACK_HOSTS
-        and not settings.host.startswith("127.")
+        f"GUARD_API_KEYS is not set, on {settings.host}: anyone who reaches this port uses the "
+        "engine, unauthenticated. Set GUARD_API_KEYS to require client keys, or listen on "
+        "127.0.0.1"
     )
 
 
@@ -161,13 +184,9 @@ def report_startup(settings: Settings, *, upstream_given: bool) -> None:
     from proxy.server.engine_watch import describe_models, probe_engine_sync, upstream_headers
 
     url = mask_url(settings.upstream_url)
-    if open_relay(settings):
-        log.warning(
-            "GUARD_UPSTREAM_API_KEY is set and GUARD_API_KEYS is not, on %s: anyone who reaches "
-            "this port uses the engine with the proxy's key. Set GUARD_API_KEYS, or listen on "
-            "127.0.0.1",
-            settings.host,
-        )
+    door = open_door(settings)
+    if door is not None:
+        log.warning("%s", door)
     given = upstream_given or _upstream_given_in_dotenv()
     source = "" if given else " (the default: neither --upstream nor GUARD_UPSTREAM_URL is set)"
     log.info(

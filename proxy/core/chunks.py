@@ -294,9 +294,15 @@ def mark_aborted(
     choice["guard"] = guard_object(verdict, completion_tokens)
 
 
-def chat_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def chat_usage(prompt_tokens: int | None, completion_tokens: int) -> dict[str, int]:
     """The ``usage`` object of chat and completions, in vLLM's key order: the one place it is
-    built, by the relay, heal and the reassembled answers alike."""
+    built, by the relay, heal and the reassembled answers alike.
+
+    ``prompt_tokens`` is the engine's count, or ``None`` where the engine gave none (and did not
+    answer when asked: :mod:`proxy.core.prompt_count`): then ``prompt_tokens`` and
+    ``total_tokens`` are left out, never written as a count the proxy does not know."""
+    if prompt_tokens is None:
+        return {"completion_tokens": completion_tokens}
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,

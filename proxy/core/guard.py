@@ -21,6 +21,7 @@ choice remains. The Responses and Messages surfaces are in :mod:`proxy.core.surf
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +38,7 @@ from proxy.core.relay_types import Surface
 from proxy.core.sse import DONE, DONE_EVENT, SSEParser, encode_data
 from proxy.core.surfaces import surface_for
 from proxy.core.surfaces.chat import ChatSurface
+from proxy.core.usage_book import UsageBook
 from proxy.detect import Detector, Verdict
 from proxy.errors import GuardError, UpstreamError
 
@@ -55,7 +57,7 @@ Quick = Callable[["StreamGuard", bytes, int], "tuple[bytes, int] | None"]
 SurfaceEvent = Callable[["StreamGuard", bytes, "bytes | None"], bytes]
 
 
-class StreamGuard:
+class StreamGuard(UsageBook):
     """One request's relay state; see the module docstring.
 
     ``policy`` says how to relay, ``make_detector`` builds one detector per block; ``surface``
@@ -111,39 +113,9 @@ class StreamGuard:
         #: reached the client, but its finish reason, the metrics and heal still take the
         #: verdict, so the proxy and ``coherence-guard score`` agree on every answer.
         self.end_drift = True
-
-    @property
-    def usage(self) -> dict[str, Any] | None:
-        """The last ``usage`` the engine reported; a plain text chunk's is read only when asked
-        (per chunk, only its completion count is: ``_fast_usage``)."""
-        if self._fast_usage is not None:
-            self._take_fast_usage()
-        return self._last_usage
-
-    @usage.setter
-    def usage(self, value: dict[str, Any] | None) -> None:
-        if self._fast_usage is not None:
-            self._take_fast_usage()
-        self._last_usage = value
-
-    @property
-    def prompt_tokens(self) -> int | None:
-        if self._fast_usage is not None:
-            self._take_fast_usage()
-        return self._last_prompt_tokens
-
-    @prompt_tokens.setter
-    def prompt_tokens(self, value: int | None) -> None:
-        if self._fast_usage is not None:
-            self._take_fast_usage()
-        self._last_prompt_tokens = value
-
-    def _take_fast_usage(self) -> None:
-        m = self._fast_usage
-        assert m is not None
-        self._fast_usage = None
-        usage = self._last_usage = chunks.match_usage(m)
-        self._last_prompt_tokens = usage["prompt_tokens"]
+        #: The ending of an aborted stream, held until the shell has asked the engine for the
+        #: prompt's count (see :meth:`ending`); written by :meth:`release`.
+        self.held: Callable[[], bytes] | None = None
 
     def new_block(self, index: int) -> BlockState:
         detector = self._make_detector()
@@ -408,12 +380,6 @@ class StreamGuard:
         state.action = "aborted"
         return verdict
 
-    def _note_usage(self, usage: dict[str, Any]) -> None:
-        self.usage = usage
-        pt = usage.get("prompt_tokens")
-        if isinstance(pt, int):
-            self.prompt_tokens = pt
-
     def _end(self, state: ChoiceState, finish_reason: str, stop_reason: Any) -> None:
         state.finish_reason = finish_reason
         state.stop_reason = stop_reason
@@ -426,15 +392,17 @@ class StreamGuard:
         if not self.aborted or self._ended_count < self.n:
             return out
         self.done = True
-        tail = [out]
         if self.policy.client_wants_usage and self.template is not None:
-            tail.append(encode_data(chunks.usage_chunk(self.template, self.final_usage())))
-        tail.append(DONE_EVENT)
-        return b"".join(tail)
+            return out + self.ending(functools.partial(self._usage_end, self.template))
+        return out + DONE_EVENT
+
+    def _usage_end(self, template: dict[str, Any]) -> bytes:
+        """The usage chunk (ids from ``template``) and ``[DONE]``: an aborted stream's end."""
+        return encode_data(chunks.usage_chunk(template, self.final_usage())) + DONE_EVENT
 
     def final_usage(self) -> dict[str, Any]:
         completion = sum(s.tokens for s in self.choices.values())
-        return chunks.chat_usage(self.prompt_tokens or 0, completion)
+        return chunks.chat_usage(self.prompt_tokens, completion)
 
     def upstream_failed(self, error: GuardError) -> bytes:
         """The upstream died mid-stream: the surface's error events, never a hang."""

@@ -243,7 +243,7 @@ class HealGuard(StreamGuard):
 
     def _usage(self, stage_completion: Any) -> dict[str, Any]:
         done = stage_completion if isinstance(stage_completion, int) else self.stage_tokens()
-        return chunks.chat_usage(self.carry.prompt_tokens or 0, self.carry.base_tokens + done)
+        return chunks.chat_usage(self.carry.prompt_tokens, self.carry.base_tokens + done)
 
     def _final_usage(self) -> bytes:
         if self.carry.origin is None or not self.policy.client_wants_usage:
@@ -428,12 +428,11 @@ class HealGuard(StreamGuard):
         chunk: dict[str, Any] = {k: tpl[k] for k in keys if k in tpl}
         chunk.setdefault("object", chunk_object(self.policy.endpoint))
         chunk["choices"] = [choice]
-        tail = [encode_data(orjson.dumps(chunk))]
-        if self.policy.client_wants_usage:
-            tail.append(encode_data(chunks.usage_chunk(chunk, self.final_usage())))
-        tail.append(DONE_EVENT)
         self.done = True
-        return b"".join(tail)
+        out = encode_data(orjson.dumps(chunk))
+        if not self.policy.client_wants_usage:
+            return out + DONE_EVENT
+        return out + self.ending(functools.partial(self._usage_end, chunk))  # held as enforce
 
     # ------------------------------------------------------------------ outcome, answer
     def final_usage(self) -> dict[str, Any]:
@@ -441,7 +440,7 @@ class HealGuard(StreamGuard):
             return super().final_usage()
         prompt = (
             self.carry.prompt_tokens if self.carry.prompt_tokens is not None else self.prompt_tokens
-        ) or 0
+        )
         return chunks.chat_usage(prompt, self.answer_tokens())
 
     def healed(self) -> bool:

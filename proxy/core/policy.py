@@ -51,6 +51,10 @@ class GuardPolicy:
     #: GUARD_RESPONSES_ABORT_EVENT: the event that ends an aborted Responses stream
     #: (``completed``: vLLM's own early-stop ending; ``incomplete``: ``response.incomplete``).
     abort_event: str = "completed"
+    #: The shell can ask the engine for the prompt's count (GUARD_PROMPT_COUNT_TIMEOUT > 0): a
+    #: streamed abort whose ending would carry usage without the engine's count holds that
+    #: ending until the shell has asked (:attr:`StreamGuard.held`). Only aborts wait for it.
+    hold_ending: bool = False
 
     @classmethod
     def create(
@@ -68,6 +72,7 @@ class GuardPolicy:
         max_event_bytes: int = MAX_EVENT_BYTES,
         strip_logprobs: bool = False,
         abort_event: str = "completed",
+        hold_ending: bool = False,
     ) -> GuardPolicy:
         """The policy with its derived fields filled in."""
         return cls(
@@ -84,6 +89,7 @@ class GuardPolicy:
             max_event_bytes=max_event_bytes,
             strip_logprobs=strip_logprobs,
             abort_event=abort_event,
+            hold_ending=hold_ending and not collect,
         )
 
     @classmethod
@@ -98,9 +104,11 @@ class GuardPolicy:
         client_continuous: bool,
         max_event_bytes: int = MAX_EVENT_BYTES,
         abort_event: str = "completed",
+        count_prompt: bool = False,
     ) -> GuardPolicy:
         """What the app relays for a rewritten request: ``injected_usage`` says the proxy asked
-        for usage itself, ``client_continuous`` that the client asked for per-chunk usage."""
+        for usage itself, ``client_continuous`` that the client asked for per-chunk usage,
+        ``count_prompt`` that the shell can ask the engine for the prompt's count."""
         wants = rw.client_wants_usage and rw.client_stream
         return cls.create(
             endpoint=endpoint,
@@ -115,4 +123,5 @@ class GuardPolicy:
             max_event_bytes=max_event_bytes,
             strip_logprobs=rw.injected_logprobs,
             abort_event=abort_event,
+            hold_ending=count_prompt,
         )

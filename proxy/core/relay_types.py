@@ -10,6 +10,7 @@ runs back up. Only types live here; nothing runs at import.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ class GuardView(Protocol):
     def final_usage(self) -> dict[str, Any]: ...
 
     def judge_finish(self, state: BlockState) -> Verdict | None: ...
+
+    def ending(self, make: Callable[[], bytes]) -> bytes: ...
 
     def _event(self, raw: bytes, data: bytes | None) -> bytes: ...
 

@@ -27,6 +27,7 @@ from proxy.core.heal_request import (
     unhealable,
 )
 from proxy.core.policy import GuardPolicy, Mode
+from proxy.core.prompt_count import prompt_count_ask
 from proxy.core.records import Endpoint
 from proxy.core.rewrite import Rewrite, rewrite_request
 from proxy.errors import (
@@ -52,6 +53,7 @@ from proxy.server.detectors import DetectorMaker, language_detector
 from proxy.server.engine_context import ContextError, context_error
 from proxy.server.heal_stages import run_heal
 from proxy.server.paths import wire_path
+from proxy.server.prompt_count import count_prompt
 from proxy.server.state import Proxy
 from proxy.server.surface_send import failure_event, is_sse
 from proxy.server.upstream import upstream_failed
@@ -60,6 +62,10 @@ from proxy.server.upstream_http import Response as UpstreamResponse
 from proxy.server.usage_options import names_usage_option
 
 log = logging.getLogger("coherence_guard")
+
+#: The client's headers an ask of the proxy's own carries to the engine (the engine's key
+#: replaces them where GUARD_UPSTREAM_API_KEY is set).
+_CREDENTIAL_HEADERS = (b"authorization", b"x-api-key")
 
 
 class Exchange:
@@ -317,6 +323,7 @@ class Exchange:
             client_continuous=self.client_continuous,
             max_event_bytes=self.proxy.settings.max_event_bytes,
             abort_event=self.proxy.settings.responses_abort_event,
+            count_prompt=self.proxy.settings.prompt_count_timeout > 0,
         )
         maker = self.detectors
         if maker is None or not maker.serves(self.rw):
@@ -432,12 +439,43 @@ class Exchange:
         self.stream_open = True
         self.proxy.metrics.stream_opened()
         await self.pump(resp, guard, watch, True, True)
+        if guard.held is not None:
+            # An abort whose ending waits for the engine's count of the prompt.
+            await resp.aclose()  # the engine stops generating before it is asked anything
+            await self.count_prompt(guard)
+            await self.send_body(guard.release(), watch)
         await watch.send_last(self.send, {"type": "http.response.body", "body": b""})
 
     async def _collect(self, resp: UpstreamResponse, guard: StreamGuard, watch: Watch) -> None:
         await self.pump(resp, guard, watch, False, False)
+        if guard.prompt_uncounted:
+            await resp.aclose()
+            await self.count_prompt(guard)
         watch.cancellable = False
         await self.answer(guard)
+
+    async def count_prompt(self, guard: StreamGuard) -> None:
+        """Ask the engine how many tokens the prompt is, for an aborted answer whose engine
+        sent no count (:mod:`proxy.core.prompt_count`); within GUARD_PROMPT_COUNT_TIMEOUT, or
+        the answer's usage leaves the count out."""
+        ask = prompt_count_ask(self.protocol, self.rw.body)
+        timeout = self.proxy.settings.prompt_count_timeout
+        if isinstance(ask, int):
+            count: int | None = ask
+        elif ask is None or timeout <= 0:
+            return
+        else:
+            proxy = self.proxy
+            credentials = [
+                (k, v) for k, v in self.scope["headers"] if k.lower() in _CREDENTIAL_HEADERS
+            ]
+            headers = {
+                k.decode("latin-1"): v.decode("latin-1")
+                for k, v in proxy.upstream.forward_headers(credentials)
+            }
+            count = await count_prompt(proxy.client, proxy.engine_url, headers, ask, timeout)
+        if count is not None:
+            guard.counted(count)
 
     async def deadline(self) -> None:
         """GUARD_REQUEST_DEADLINE passed (the upstream is closed already): end the answer."""

@@ -62,6 +62,8 @@ class HealCall(Protocol):
 
     async def answer(self, guard: StreamGuard) -> None: ...
 
+    async def count_prompt(self, guard: StreamGuard) -> None: ...
+
 
 async def run_heal(
     call: HealCall, resp: UpstreamResponse, guard: HealGuard, watch: Watch
@@ -97,6 +99,10 @@ async def run_heal(
             nxt = await continue_answer(call, guard, remaining)
         if nxt is None:
             tail = guard.give_up()
+            if guard.held is not None:
+                await resp.aclose()  # the engine stops before it is asked for the count
+                await call.count_prompt(guard)
+                tail += guard.release()
             if stream:
                 await call.send_body(tail, watch)
             break
@@ -105,6 +111,9 @@ async def run_heal(
     if stream:
         await watch.send_last(call.send, {"type": "http.response.body", "body": b""})
     else:
+        if guard.prompt_uncounted:
+            await resp.aclose()
+            await call.count_prompt(guard)
         watch.cancellable = False
         await call.answer(guard)
     if guard.saw_done and not guard.aborted:

@@ -91,16 +91,21 @@ def json_answer(path: str, req: dict[str, Any]) -> bytes:
     )
 
 
-async def asgi_engine(scope: Scope, receive: Receive, send: Send) -> None:
-    """The engine as a raw ASGI app (what uvicorn serves vLLM's FastAPI app through)."""
-    if scope["type"] != "http":
-        return
+async def read_body(receive: Receive) -> bytes:
+    """The whole request body, read through the server's own API."""
     body = b""
     while True:
         msg = await receive()
         body += msg.get("body", b"")
         if not msg.get("more_body"):
-            break
+            return body
+
+
+async def asgi_engine(scope: Scope, receive: Receive, send: Send) -> None:
+    """The engine as a raw ASGI app (what uvicorn serves vLLM's FastAPI app through)."""
+    if scope["type"] != "http":
+        return
+    body = await read_body(receive)
     req = orjson.loads(body) if body else {}
     path = scope["path"]
     # Prefill: the answer starts a moment after the body was read, so an interim ``100

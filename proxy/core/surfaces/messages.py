@@ -18,6 +18,7 @@ the ``guard`` object and the usage, and ``message_stop`` ends the stream.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -209,7 +210,7 @@ class _Messages:
             return raw
         state.ended = True
         state.finish_reason = guard.policy.abort_finish_reason
-        return raw + self._abort_tail(guard, state, verdict)
+        return raw + guard.ending(functools.partial(self._abort_tail, guard, state, verdict))
 
     def _abort_tail(self, guard: GuardView, state: BlockState, verdict: Verdict) -> bytes:
         ms = _state(guard)
@@ -243,15 +244,27 @@ def abort_delta(guard: GuardView, state: BlockState, verdict: Verdict) -> dict[s
     return {"type": "message_delta", "delta": delta, "usage": usage(guard)}
 
 
-def messages_usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
+def messages_usage(input_tokens: int | None, output_tokens: int) -> dict[str, int]:
     """The Messages ``usage`` object: the one place it is built, by this surface and by the
-    chat-route writer of heal mode (:mod:`proxy.core.surfaces.via_chat`)."""
+    chat-route writer of heal mode (:mod:`proxy.core.surfaces.via_chat`). ``input_tokens`` is
+    left out where the engine's count is not known (``None``), never written as 0."""
+    if input_tokens is None:
+        return {"output_tokens": output_tokens}
     return {"input_tokens": input_tokens, "output_tokens": output_tokens}
 
 
 def usage(guard: GuardView) -> dict[str, Any]:
-    """Input tokens as ``message_start`` said, output tokens counted one per delta."""
-    return messages_usage(guard.prompt_tokens or 0, sum(s.tokens for s in guard.choices.values()))
+    """Input tokens as ``message_start`` said (or as the engine counted them when asked), and
+    the other counts of that ``usage`` as the engine wrote them (llama.cpp's
+    ``cache_read_input_tokens``: its ``input_tokens`` leaves out the cached part), output tokens
+    counted one per delta."""
+    ms = _state(guard)
+    start = ms.message.get("usage") if ms.message is not None else None
+    out = (
+        {k: v for k, v in start.items() if k != "output_tokens"} if isinstance(start, dict) else {}
+    )
+    out.update(messages_usage(guard.prompt_tokens, sum(s.tokens for s in guard.choices.values())))
+    return out
 
 
 MESSAGES = _Messages()

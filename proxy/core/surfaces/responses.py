@@ -26,6 +26,7 @@ the engine's.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -226,7 +227,7 @@ class _Responses:
             if not st.ended:
                 st.ended = True
                 st.finish_reason = reason if st is state else None
-        return raw + self._abort_tail(guard, rs, state)
+        return raw + guard.ending(functools.partial(self._abort_tail, guard, rs, state))
 
     def _abort_tail(self, guard: GuardView, rs: ResponsesState, aborted: BlockState) -> bytes:
         out: list[bytes] = []
@@ -403,9 +404,11 @@ def incomplete_response(
     return out
 
 
-def usage(guard: GuardView) -> dict[str, Any]:
+def usage(guard: GuardView) -> dict[str, Any] | None:
     """The Responses ``usage`` for a stream the guard ended: input tokens as the engine
-    reported them (0 when it had not yet), output tokens counted one per delta."""
+    counted them (vLLM writes its usage only on the terminal event, so the shell asks:
+    :mod:`proxy.core.prompt_count`), output tokens counted one per delta; ``None`` when the
+    input count is not known (see :func:`responses_usage`)."""
     rs = _state(guard)
     output = sum(s.tokens for s in guard.choices.values())
     reasoning = sum(
@@ -413,10 +416,12 @@ def usage(guard: GuardView) -> dict[str, Any]:
         for i, s in guard.choices.items()
         if i in rs.items and rs.items[i].item.get("type") == "reasoning"
     )
-    return responses_usage(guard.prompt_tokens or 0, output, reasoning)
+    return responses_usage(guard.prompt_tokens, output, reasoning)
 
 
-def responses_usage(input_tokens: int, output_tokens: int, reasoning_tokens: int) -> dict[str, Any]:
+def responses_usage(
+    input_tokens: int | None, output_tokens: int, reasoning_tokens: int
+) -> dict[str, Any] | None:
     """A ``usage`` written by the proxy, in the shape vLLM 0.32 writes its own (every detail
     field, zero where the proxy has no count): the one place it is built, by this surface and by
     the chat-route writer of heal mode (:mod:`proxy.core.surfaces.via_chat`).
@@ -426,7 +431,14 @@ def responses_usage(input_tokens: int, output_tokens: int, reasoning_tokens: int
     discriminator map that openai 3.57 computes without a lock: under concurrent first use it
     comes out partial, a ``response.completed`` is built as the wrong event type with its
     response left a dict, and ``responses.stream()`` raises "Lifecycle response identity
-    changed." An ending the SDK validates never takes that path, as the engine's never does."""
+    changed." An ending the SDK validates never takes that path, as the engine's never does.
+
+    ``None`` (written ``"usage": null``) where the engine's count of the prompt is not known
+    (it sent none, and did not answer when asked): a usage without ``input_tokens`` and
+    ``total_tokens`` would claim a count the proxy does not know or fail that validation, while
+    a response without usage is valid (the field is optional)."""
+    if input_tokens is None:
+        return None
     return {
         "input_tokens": input_tokens,
         "input_tokens_details": {

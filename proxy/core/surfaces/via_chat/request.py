@@ -45,18 +45,7 @@ def to_chat(endpoint: Endpoint, rw: Rewrite, *, usage: bool, logprobs: bool) -> 
     """The chat form of ``rw`` (a rewritten Responses or Messages request), or why there is
     none (a short reason, for the log and the ``unhealable`` counter)."""
     body = rw.body
-    if endpoint == "responses" and body.get("store") is True:
-        # A stored response is one a later request may name (previous_response_id); a healed
-        # answer is never stored by the engine, so a client that asks for storage keeps the
-        # native route. (vLLM stores nothing unless VLLM_ENABLE_RESPONSES_API_STORE is set.)
-        return "field:store"
-    for key, value in body.items():
-        if key in _INERT[endpoint] or key in _SAMPLING[endpoint]:
-            continue
-        if endpoint == "responses" and _default(key, value):
-            continue
-        return f"field:{key}"
-    messages = _responses_messages(body) if endpoint == "responses" else _messages_messages(body)
+    messages = chat_messages(endpoint, body)
     if isinstance(messages, str):
         return messages
     out: dict[str, Any] = {"messages": messages}
@@ -78,6 +67,23 @@ def to_chat(endpoint: Endpoint, rw: Rewrite, *, usage: bool, logprobs: bool) -> 
     return dataclasses.replace(
         rw, body=out, client_wants_usage=True, n=1, injected_logprobs=logprobs
     )
+
+
+def chat_messages(endpoint: Endpoint, body: dict[str, Any]) -> list[dict[str, Any]] | str:
+    """The chat messages of a Responses or Messages request that the chat route expresses
+    exactly (the prompt the engine builds from them is the same), or why there are none."""
+    if endpoint == "responses" and body.get("store") is True:
+        # A stored response is one a later request may name (previous_response_id); a healed
+        # answer is never stored by the engine, so a client that asks for storage keeps the
+        # native route. (vLLM stores nothing unless VLLM_ENABLE_RESPONSES_API_STORE is set.)
+        return "field:store"
+    for key, value in body.items():
+        if key in _INERT[endpoint] or key in _SAMPLING[endpoint]:
+            continue
+        if endpoint == "responses" and _default(key, value):
+            continue
+        return f"field:{key}"
+    return _responses_messages(body) if endpoint == "responses" else _messages_messages(body)
 
 
 def _default(key: str, value: Any) -> bool:

@@ -50,7 +50,8 @@ class Writer:
         self._id = ""
         self._model = request.get("model")
         self._created = int(time.time())
-        self._input_tokens = 0
+        #: The engine's count of the prompt, once a chunk's usage carried it.
+        self._input_tokens: int | None = None
         self._output_tokens = 0
         self._finish: str | None = None
         self._stop: Any = None
