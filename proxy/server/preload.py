@@ -2,10 +2,10 @@
 
 Why: the data the detector and the request rewriting read — the language model, the
 language-name index, the 26 word-frequency lists that place a short prompt's language and the
-salad signal's word lists (0.3 to 0.9 s each) — took 4 to 6 s to load on an idle two-core
-machine, three times that on a busy one. Loaded in the application's start-up they kept a
-restarted or scaled-out worker deaf that long; loaded inside the first request that needs them,
-they would stall every stream of the worker (they are CPU work under the GIL).
+salad signal's word lists — take seconds of CPU to load (about 5 s on a shared two-core machine:
+docs/performance.md, "Start-up"). Loaded in the application's start-up they kept a restarted or
+scaled-out worker deaf that long; loaded inside the first request that needs them, they would
+stall every stream of the worker (they are CPU work under the GIL).
 
 So they load in a background thread, one step after the other, while the server already
 answers. A guarded request that arrives before a step it needs has finished *waits for that
