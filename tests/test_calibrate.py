@@ -457,3 +457,28 @@ def test_a_missing_calibrate_extra_is_said_before_the_run(
     assert "pip install 'coherence-guard[calibrate]'" in out.stderr
     assert "Traceback" not in out.stderr
     assert _completions(fake_upstream) == []
+
+
+def test_calibrate_demo_leaves_no_log_directory_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``calibrate --demo`` keeps the engine's log in a temporary directory, removed when it
+    ends (here: the engine does not start, and the error carries the end of its log)."""
+    import tempfile
+
+    from proxy.cli import local_engine
+    from proxy.cli.children import DemoError
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setattr(local_engine, "find_gguf", lambda *_: tmp_path / "model.gguf")
+
+    def start_engine(gguf: Path, log_dir: Path, **_: Any) -> None:
+        (log_dir / "engine.log").write_text("failed to load model")
+        raise DemoError("llama-server exited with 1; its log:\nfailed to load model")
+
+    monkeypatch.setattr(local_engine, "start_engine", start_engine)
+    assert main(["calibrate", "--demo", "--output", str(tmp_path / "out")]) == 2
+    assert "failed to load model" in capsys.readouterr().err
+    assert list(temp.iterdir()) == []

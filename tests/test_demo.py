@@ -5,12 +5,15 @@ The whole demo against the real llama.cpp server and SmolLM2 is in ``tests/e2e/t
 
 from __future__ import annotations
 
+import contextlib
 import io
 import socket
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -197,3 +200,45 @@ def test_the_engine_child_is_a_module_entry_point() -> None:
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 2 and "--model" in done.stderr
+
+
+def _boom(*_: object) -> int:
+    raise RuntimeError("a bug in the demo")
+
+
+def _interrupted(*_: object) -> int:
+    raise KeyboardInterrupt
+
+
+def _missing_model(*_: object) -> int:
+    raise DemoError("--model missing.gguf: no such file")
+
+
+@pytest.mark.parametrize(
+    "ending", [_missing_model, _interrupted, _boom], ids=["error", "ctrl-c", "bug"]
+)
+def test_the_demo_leaves_no_log_directory_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: Any
+) -> None:
+    """Without --log-dir the logs go to a temporary directory that is removed however the demo
+    ends (an error, Ctrl-C, a bug): every run used to leave one in the temporary directory."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seen: list[Path] = []
+
+    def run(args: Any, status: Any, serve: bool, log_dir: Path, started: float) -> int:
+        seen.append(log_dir)
+        (log_dir / "engine.log").write_text("engine output")
+        return int(ending())
+
+    monkeypatch.setattr(demo, "_run", run)
+    with contextlib.suppress(RuntimeError):
+        main(["demo", "--no-serve"])
+    assert seen and seen[0].parent == tmp_path and seen[0].name.startswith("coherence-guard-demo-")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_log_directory_given_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(demo, "_run", lambda *args: 0)
+    logs = tmp_path / "logs"
+    assert main(["demo", "--no-serve", "--log-dir", str(logs)]) == 0
+    assert logs.is_dir()

@@ -44,8 +44,8 @@ REPORTED = "O GUIBRANCULA KEDSCARMAXNASDFUCTIONALFIAAWHEREMPACK TheoLloydBhcaten
 
 @pytest.fixture(autouse=True, scope="module")
 def _word_lists() -> None:
-    """Load the word lists the proxy loads at start-up before the first proxy starts, so its
-    start-up deadline does not depend on how fast this machine reads them."""
+    """Load the word lists the proxy loads as it starts before the first proxy starts, so the
+    first request's wait for them does not depend on how fast this machine reads them."""
     for language in sorted(SALAD_LANGUAGES):
         lexicon(language)
 

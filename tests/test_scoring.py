@@ -76,10 +76,28 @@ def test_stdin_and_unlabelled_input() -> None:
     assert verdicts["fine"]["degenerate"] is False
 
 
-def test_summary_without_labels_says_so() -> None:
+def test_summary_without_labels_says_so_and_nothing_else() -> None:
+    """Only the message: a table of zeros after it would say nothing more."""
     result = _score("-", "--summary", stdin='{"id": "a", "text": "hello there"}\n')
     assert result.returncode == 0
-    assert "no labelled lines" in result.stdout
+    assert result.stdout == "no labelled lines: nothing to summarise\n"
+
+
+def test_a_plain_text_file_is_pointed_to_explain(tmp_path: Path) -> None:
+    """A file whose first line is not JSON is no JSON Lines file: the one-line error names the
+    command that judges one answer in a text file, with the file's name ready to paste. A
+    broken line further down is only that."""
+    answer = tmp_path / "my answer.txt"
+    answer.write_text("Paris is the capital of France.\nIt is on the Seine.\n", encoding="utf-8")
+    result = _score(str(answer))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"coherence-guard score: {answer}: line 1: not JSON (Expecting value): score reads JSON "
+        'Lines (one {"text": ...} object per line); to judge one answer in a text file: '
+        f"coherence-guard explain '{answer}'"
+    ]
+    later = _score("-", stdin='{"text": "A fine answer."}\nnot json\n')
+    assert later.returncode == 2 and "explain" not in later.stderr
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import pytest
 
 from proxy.core.requested_language import derive, prompt_language
 from proxy.detect.language import classify_top, strip_noise
+from proxy.detect.salad import list_path, read_bands
 from proxy.detect.word_language import Frequencies, frequencies, identify_by_words
 
 
@@ -110,3 +111,14 @@ def test_fasttext_disfavouring_a_language_tenfold_blocks_it() -> None:
 
 def test_other_scripts_are_left_to_their_letters() -> None:
     assert identify_by_words("was 量子 ist", [("de", 0.5), ("zh", 0.3)]) is None
+
+
+def test_a_list_holds_each_words_hash_with_its_band_in_hash_order() -> None:
+    """Built range by range (no sort of a whole list at once), a list is the words' (hash,
+    band) pairs of wordfreq's file, sorted."""
+    path = list_path("en", "small")
+    assert path is not None
+    pairs = sorted((hash(w), band) for band, words in read_bands(path) for w in words)
+    english = frequencies("en")
+    assert english is not None
+    assert list(zip(english.hashes, english.bands, strict=True)) == pairs

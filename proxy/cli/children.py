@@ -13,10 +13,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -107,7 +109,26 @@ def start_child(
         child.stop()
         raise
     child.stop()
-    raise DemoError(f"{name} not ready after {timeout:.0f} s; log: {log_path}")
+    tail = child.log_tail()
+    raise DemoError(f"{name} not ready after {timeout:.0f} s; the end of its log:\n{tail}")
+
+
+@contextlib.contextmanager
+def log_directory(given: str | None, prefix: str) -> Iterator[Path]:
+    """Where the children's logs go: ``given`` (made if missing, kept), else a new temporary
+    directory that is removed on the way out, however the command ends (Ctrl-C, SIGTERM, an
+    error): every run would otherwise leave one behind. Errors carry the end of a child's log,
+    so nothing the user needs is lost with it."""
+    if given is not None:
+        path = Path(given)
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def die_with_parent() -> Callable[[], None] | None:

@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -40,6 +39,7 @@ from proxy.cli.children import (
     DemoError,
     Terminated,
     free_port,
+    log_directory,
     port_in_use,
     sigterm_as_interrupt,
     start_child,
@@ -256,8 +256,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"llama.cpp threads (default: half the cores, 1 to 4; here {default_threads()})",
     )  # fmt: skip
     parser.add_argument(
-        "--log-dir", metavar="DIR", help="where the engine's and the guard's logs go (default: "
-        "a new temporary directory)",
+        "--log-dir", metavar="DIR", help="where the engine's and the guard's logs go, kept "
+        "(default: a temporary directory, removed when the demo ends)",
     )  # fmt: skip
 
 
@@ -311,11 +311,12 @@ def run(args: argparse.Namespace) -> int:
     if serve and port_in_use(args.port):
         print(f"coherence-guard demo: port {args.port} is in use; pass --port N", file=err)
         return 2
-    log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="coherence-guard-demo-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     try:
-        with sigterm_as_interrupt():
+        with (
+            sigterm_as_interrupt(),
+            log_directory(args.log_dir, "coherence-guard-demo-") as log_dir,
+        ):
             return _run(args, status, serve, log_dir, started)
     except DemoError as exc:
         print(f"\ncoherence-guard demo: {exc}", file=err)
@@ -335,7 +336,8 @@ def _run(
     status.begin("finding the model file")
     gguf = find_gguf(args.model, default_cache_dir())
     status.end(str(gguf))
-    print(f"logs: {log_dir}/engine.log, {log_dir}/guard.log", file=err)
+    kept = "" if args.log_dir else " (removed when the demo ends; --log-dir DIR keeps them)"
+    print(f"logs: {log_dir}/engine.log, {log_dir}/guard.log{kept}", file=err)
     port = args.port if serve else free_port()
     with demo_stack(gguf, log_dir, port, status, threads=args.threads) as (engine, guard):
         rows = compare(engine.url, guard.url, status, args.max_tokens)

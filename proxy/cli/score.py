@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -188,16 +189,24 @@ def open_text(path: str) -> IO[str]:
     return open(path, encoding="utf-8")
 
 
+class NotJSONLines(ValueError):
+    """The input's first line is not JSON: not a JSON Lines file at all (a plain text answer,
+    say), rather than one with a broken line."""
+
+
 def read_jsonl(stream: IO[str]) -> Iterator[dict[str, Any]]:
+    first = True
     for number, line in enumerate(stream, 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"line {number}: not JSON ({exc.msg})") from None
+            error = NotJSONLines if first else ValueError
+            raise error(f"line {number}: not JSON ({exc.msg})") from None
         if not isinstance(row, dict):
             raise ValueError(f"line {number}: not a JSON object")
+        first = False
         yield row
 
 
@@ -247,17 +256,23 @@ _TRAP_KINDS = frozenset(
 )
 
 
+NOTHING_TO_SUMMARISE = "no labelled lines: nothing to summarise\n"
+
+
+def _labelled(result: Scored) -> bool:
+    return result.row.get("label") in ("healthy", "degenerate")
+
+
 def summarise(results: list[Scored]) -> str:
     """Render the precision/recall/FPR table and the detection delay."""
     groups: dict[str, _Tally] = defaultdict(_Tally)
     delays: list[int] = []
     labelled = 0
     for result in results:
-        label = result.row.get("label")
-        if label not in ("healthy", "degenerate"):
+        if not _labelled(result):
             continue
         labelled += 1
-        truth = label == "degenerate"
+        truth = result.row.get("label") == "degenerate"
         keys = ["overall", f"kind={result.row.get('kind')}", f"lang={result.row.get('lang')}"]
         if truth:
             keys.append(f"degen_type={result.row.get('degen_type')}")
@@ -271,7 +286,7 @@ def summarise(results: list[Scored]) -> str:
             assert result.fired_at_char is not None
             delays.append(max(0, result.fired_at_char - onset))
     if not labelled:
-        return "no labelled lines: nothing to summarise\n"
+        return NOTHING_TO_SUMMARISE
     lines = [_HEADER]
     order = sorted(groups, key=lambda k: (k != "overall", k.split("=")[0], k))
     lines += [f"{key:<34}{groups[key].row()}" for key in order]
@@ -403,6 +418,14 @@ def run(args: argparse.Namespace) -> int:
                 out.write(json.dumps(result.output(), ensure_ascii=False) + "\n")
             if args.summary:
                 results.append(result)
+    except NotJSONLines as exc:
+        print(
+            f"coherence-guard score: {args.input}: {exc}: score reads JSON Lines (one "
+            f'{{"text": ...}} object per line); to judge one answer in a text file: '
+            f"coherence-guard explain {shlex.quote(args.input)}",
+            file=sys.stderr,
+        )
+        return 2
     except ValueError as exc:
         print(f"coherence-guard score: {args.input}: {exc}", file=sys.stderr)
         return 2
@@ -413,6 +436,8 @@ def run(args: argparse.Namespace) -> int:
             out.close()
     if args.summary:
         sys.stdout.write(summarise(results))
+        if not any(map(_labelled, results)):
+            return 0  # the message says so; a table of zeros would say nothing more
         runs = [("default", results)]
         if not args.no_sweep:
             rows = [r.row for r in results]

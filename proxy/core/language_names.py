@@ -71,7 +71,7 @@ class Names(NamedTuple):
 
 @cache
 def names() -> Names:
-    """The index, loaded on first use (the server loads it at start-up)."""
+    """The index, loaded on first use (the server loads it beside serving as it starts)."""
     data = json.loads(_DATA.read_text(encoding="utf-8"))
     codes = dict.fromkeys(data["unjudged"], UNJUDGED)
     codes.update(data["anywhere"])

@@ -33,9 +33,10 @@ are judged against every listed language; their sums, plus fastText's log probab
 
 Only Latin-script languages with a wordfreq list take part; other scripts decide by their letters
 before this runs (:mod:`proxy.core.requested_language`). The 26 lists are loaded once per
-process, at start-up by the server (:func:`load_all`) or else on the first short prompt (about
-1 s in all), as sorted hashes with their frequency bands: about 10 MB for all of them, instead
-of the several MB per language a dict of the words takes. Scoring a prompt then costs about
+process, by the server beside serving as it starts (:func:`load_all`,
+:mod:`proxy.server.preload`) or else on the first short prompt (about 1 s in all), as sorted
+hashes with their frequency bands: about 10 MB for all of them, instead of the several MB per
+language a dict of the words takes. Scoring a prompt then costs about
 0.1 to 0.2 ms (``bench/measure_short_prompts.py``). Pure otherwise: no I/O.
 """
 
@@ -47,8 +48,9 @@ import re
 from array import array
 from bisect import bisect_left
 from collections.abc import Sequence
+from operator import itemgetter
 
-from proxy.detect.salad import list_path, normalise, read_bands
+from proxy.detect.salad import list_path, normalise, read_bands, sorted_ranges
 
 #: Latin-script languages with a wordfreq "small" list, as fastText names them (Malay is read
 #: with Indonesian, Norwegian as Bokmål, Serbian and Bosnian as Croatian: one list each).
@@ -114,15 +116,17 @@ def frequencies(name: str) -> Frequencies | None:
     path = list_path(name, "small")
     if path is None:
         return None
-    pairs: list[tuple[int, int]] = []
-    for band, words in read_bands(path):
-        pairs.extend((hash(word), band) for word in words)
-    pairs.sort()
-    return Frequencies(array("q", (h for h, _ in pairs)), array("H", (b for _, b in pairs)))
+    hashes, bands = array("q"), array("H")
+    runs = ([(hash(word), band) for word in words] for band, words in read_bands(path))
+    for part in sorted_ranges(runs, key=itemgetter(0)):
+        hashes.extend(h for h, _ in part)
+        bands.extend(b for _, b in part)
+    return Frequencies(hashes, bands)
 
 
 def load_all() -> None:
-    """Load every list now (at start-up), not inside the first request that needs one."""
+    """Load every list now (the server does it beside serving as it starts), not inside the
+    first request that needs one."""
     for code in sorted(LISTED):
         _lists(code)
 

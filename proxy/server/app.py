@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 from starlette.applications import Starlette
 
-from proxy.detect import Detector, DetectorConfig
+from proxy.detect import DetectorConfig
 from proxy.errors import Forbidden
 from proxy.observability.metrics import Metrics
 from proxy.server.asgi import ASGIApp, Message, Receive, Scope, Send, scope_headers, send_error
@@ -133,53 +132,6 @@ class GuardApp(FastAPI):
         return RequestId(app)
 
 
-_WARM_UP_TEXT = (
-    "The proxy reads a few sentences at start-up so that every lazily loaded part of the "
-    "detector is ready before the first request arrives. Nothing here is sent anywhere. "
-) * 4
-
-
-def _warm_up(
-    config: DetectorConfig, salad_languages: frozenset[str], *, from_prompt: bool = False
-) -> None:
-    from proxy.detect.language import identify_language
-    from proxy.detect.salad import lexicon
-    from proxy.detect.word_language import load_all
-
-    identify_language(_WARM_UP_TEXT)
-    # Salad off here: English has a word list now, and loading it is for the lines below to
-    # decide (only the lists this worker's requests may need).
-    detector = Detector(dataclasses.replace(config, salad=False), expected_language="en")
-    for word in _WARM_UP_TEXT.split(" "):
-        detector.feed(word + " ")
-    detector.finish()
-    if config.salad:
-        # The salad signal's word lists (0.1-0.3 s and ~5 MB each): loaded in a stream they
-        # would stall every other stream of this worker.
-        for language in sorted(salad_languages):
-            lexicon(language)
-    if from_prompt:
-        # The word-frequency lists that place a short prompt's language (~10 MB in all).
-        load_all()
-    # The language-name index and its pattern for unspaced scripts (~50 ms, ~3 MB): read by
-    # every request's derivation, and by the x-guard-language header.
-    from proxy.core.language_mentions import find_names
-
-    find_names("用英文回答")
-
-
-def _salad_languages(settings: Settings) -> frozenset[str]:
-    """The word lists a request may need: the configured language's, or every supported one
-    when the language comes from the prompt."""
-    from proxy.detect.salad import SALAD_LANGUAGES
-
-    if settings.language in SALAD_LANGUAGES:
-        return frozenset({settings.language})
-    if settings.language == "auto" or settings.expect_language == "prompt":
-        return SALAD_LANGUAGES
-    return frozenset()
-
-
 def create_app(
     settings: Settings | None = None,
     *,
@@ -193,16 +145,9 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if settings.mode != "off":
-            # Lazy parts of the detector (the language model: ~0.4 s) load now, not inside the
-            # first request, where they would stall every stream of this worker.
-            from_prompt = settings.language == "auto" or settings.expect_language == "prompt"
-            await asyncio.to_thread(
-                _warm_up,
-                proxy.detector_config,
-                _salad_languages(settings),
-                from_prompt=from_prompt,
-            )
+        # The detector's data loads beside serving (proxy/server/preload.py): the port answers
+        # at once, and a request that needs data not loaded yet waits for that load alone.
+        proxy.preload.start()
         watcher: asyncio.Task[None] | None = None
         if settings.upstream_metrics_interval > 0:
             from proxy.server.engine_watch import watch_upstream_config
@@ -219,6 +164,7 @@ def create_app(
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await watcher
+            await proxy.preload.aclose()
             await proxy.aclose()
 
     app = GuardApp(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -43,6 +44,7 @@ from proxy.server.asgi import (
 from proxy.server.bounds import watched
 from proxy.server.exchange import Exchange
 from proxy.server.paths import wire_path
+from proxy.server.preload import REWRITE, salad_key
 from proxy.server.report import finish
 from proxy.server.state import Proxy
 from proxy.server.surface_send import SurfaceSend
@@ -81,6 +83,7 @@ class Guarded:
             except orjson.JSONDecodeError as exc:
                 raise BadRequest(f"The request body is not valid JSON: {exc}.") from None
             limit = await self._engine_limit(body, headers)
+            await proxy.preload.wait(REWRITE)
             rw = self._rewrite(body, mode, limit, self._language(scope, headers))
         except ClientGone:
             proxy.metrics.request_finished(route, 499, time.perf_counter() - started)
@@ -100,6 +103,8 @@ class Guarded:
             ):
                 retried = True
                 mode = self._retry(rw)
+        if mode != "off":
+            await proxy.preload.wait(self._word_lists(mode, rw))
         opts = body.get("stream_options") if isinstance(body, dict) else None
         chat = self._via_chat(rw) if mode == "heal" else None
         answer: Send = send
@@ -147,6 +152,15 @@ class Guarded:
             finish(call, client_gone=watch.gone)
             if retry_key is not None:
                 self._note_retry(retry_key, call.guard, retried)
+
+    def _word_lists(self, mode: Mode, rw: Rewrite) -> Iterable[str]:
+        """The salad word lists this request's answer may be judged with: its expected
+        language's; in heal mode any (a continuation is held to, and its vocabulary judged in,
+        the language of the answer it continues)."""
+        if mode == "heal":
+            return self.proxy.preload.salad_keys
+        language = rw.expected_language
+        return (salad_key(language),) if language is not None else ()
 
     def _retry(self, rw: Rewrite) -> Mode:
         """The mode of a request the guard aborted as a loop moments ago, sent again unchanged

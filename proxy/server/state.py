@@ -18,6 +18,7 @@ from proxy.observability.metrics import Metrics
 from proxy.observability.tracing import Tracing
 from proxy.server.bounds import Bounds, Expiry
 from proxy.server.engine_context import EngineContexts
+from proxy.server.preload import Preload, preload_steps
 from proxy.server.upstream import UpstreamConfig
 from proxy.server.upstream_http import UpstreamClient
 from proxy.server.usage_options import UsageOptions
@@ -52,6 +53,8 @@ class Proxy:
         self.contexts = EngineContexts()
         #: OpenTelemetry traces (``None``: off, the default; see proxy/observability/tracing.py).
         self.tracing = Tracing.from_env(log_text=settings.log_text)
+        #: The detector's data, loaded beside serving (started by the app's lifespan).
+        self.preload = Preload(preload_steps(settings, detector_config))
         self.bounds = Bounds(
             write_timeout=settings.client_write_timeout,
             deadline=settings.request_deadline,

@@ -23,6 +23,7 @@ from proxy.detect.salad import (
     list_path,
     normalise,
     prose_words,
+    sorted_ranges,
 )
 from tests.detect.conftest import stream
 
@@ -262,6 +263,22 @@ def test_streamed_reading_holds_every_word_of_wordfreqs_list(language: str) -> N
     assert {hash(w) for w in listed} == set(words.hashes)
     assert list(words.hashes) == sorted(words.hashes)
     assert lexicon("xx") is None and list_path("xx") is None
+
+
+_INT64 = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1)
+_BOUNDS = [-(1 << 63) + (i << 60) for i in range(16)]
+_EDGES = st.sampled_from([*_BOUNDS, (1 << 63) - 1])
+
+
+@given(st.lists(st.lists(_INT64 | _EDGES | _EDGES.map(lambda b: b - 1))))
+@settings(max_examples=300)
+def test_range_by_range_sorting_is_one_sort(runs: list[list[int]]) -> None:
+    """The ranges (sorted one by one, so that no sort of a whole list holds the interpreter's
+    lock for long) concatenate to the one sort of every item, hashes at the bounds included."""
+    expected = sorted(h for run in runs for h in run)
+    ranges = sorted_ranges([list(run) for run in runs], key=int)
+    assert len(ranges) == 16
+    assert [h for part in ranges for h in part] == expected
 
 
 def test_only_dictionary_words_are_remembered_between_streams() -> None:

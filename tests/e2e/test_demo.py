@@ -10,6 +10,7 @@ without the guard, and cut with the guard's verdict, whose position is the guard
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -39,6 +40,20 @@ def _readme_demo_rows() -> dict[str, list[str]]:
     block = text[start : text.index("<!-- demo-table:end -->", start)]
     rows = [line.split() for line in block.splitlines() if line.startswith(("healthy", "looping"))]
     return {row[0]: row for row in rows}
+
+
+def _demo_page_example() -> tuple[dict[str, Any], str, str]:
+    """docs/demo.md's request to the serving demo: its JSON body, the ``grep -o`` pattern that
+    picks the end of the chunk that ended the loop, and the line the page says it prints
+    (between its demo-chunk markers)."""
+    text = (ROOT / "docs" / "demo.md").read_text()
+    command = text[text.index("curl -sN http://127.0.0.1:8080/v1/chat/completions") :]
+    body = json.loads(command.split("-d '", 1)[1].split("'", 1)[0])
+    pattern = command.split("grep -m1 -o '", 1)[1].split("'", 1)[0]
+    start = text.index("<!-- demo-chunk:start")
+    block = text[start : text.index("<!-- demo-chunk:end -->", start)]
+    (printed,) = [line for line in block.splitlines() if line.startswith('"finish_reason"')]
+    return body, pattern, printed
 
 
 def _without_times(row: list[str]) -> list[str]:
@@ -121,8 +136,9 @@ def test_demo_prints_the_guard_cutting_a_real_loop(
 def test_demo_keeps_serving_until_interrupted_and_stops_both_children(
     manifest: dict[str, Any], tmp_path: Path
 ) -> None:
-    """Without --no-serve the guard stays up on --port with its metrics, and Ctrl-C (SIGINT)
-    stops the guard and the engine and exits 0."""
+    """Without --no-serve the guard stays up on --port with its metrics and answers
+    docs/demo.md's request as the page shows, and Ctrl-C (SIGINT) stops the guard and the
+    engine and exits 0."""
     pytest.importorskip("xllamacpp", reason="pip install '.[demo]'")
     site = _site_with_model_package(manifest, tmp_path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
@@ -153,6 +169,11 @@ def _serve_and_interrupt(proc: subprocess.Popen[str], port: int) -> None:
     assert engine is not None
     quality = httpx.get(guard + "/metrics/quality", timeout=10).text
     assert sample_value(quality, "guard_generations_total", outcome="completed") == 2.0
+    # docs/demo.md's request, through the demo's guard: the line the page shows.
+    body, pattern, printed = _demo_page_example()
+    with httpx.stream("POST", guard + "/v1/chat/completions", json=body, timeout=300) as resp:
+        found = [m.group() for line in resp.iter_lines() if (m := re.search(pattern, line))]
+    assert found[:1] == [printed], f"docs/demo.md's example is stale: the guard sent {found[:1]}"
     assert httpx.get(engine.group(1) + "/health", timeout=10).status_code == 200
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 0

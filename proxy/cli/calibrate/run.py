@@ -458,29 +458,28 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_demo(args: argparse.Namespace, output: Path) -> dict[str, Any]:
-    """The demo's engine, started here, and a small matrix unless the flags say otherwise."""
-    import tempfile
-
+    """The demo's engine, started here, and a small matrix unless the flags say otherwise. Its
+    log goes to a temporary directory, removed at the end (errors carry the log's end)."""
     from proxy.cli import demo, local_engine
-    from proxy.cli.children import DemoError
+    from proxy.cli.children import DemoError, log_directory
 
     status = demo.Status(sys.stderr)
-    try:
-        status.begin("finding the model file")
-        gguf = local_engine.find_gguf(None, local_engine.default_cache_dir())
-        status.end(str(gguf))
-        log_dir = Path(tempfile.mkdtemp(prefix="coherence-guard-calibrate-"))
-        status.begin("starting llama-server (SmolLM2-135M-Instruct)")
-        engine = local_engine.start_engine(gguf, log_dir, parallel=args.concurrency)
-        status.end(f"{engine.url}, log {log_dir / 'engine.log'}")
-    except DemoError as exc:
-        raise CalibrateError(str(exc)) from None
-    try:
-        return calibrate(
-            engine.url, output, models=[local_engine.SERVED_MODEL], prompts=_prompts_of(args),
-            penalties=args.repetition_penalty, temperatures=args.temperature, seeds=args.seeds,
-            max_tokens=args.max_tokens, concurrency=args.concurrency, quantile=args.quantile,
-            margin=args.margin, timeout=args.timeout,
-        )  # fmt: skip
-    finally:
-        engine.stop()
+    with log_directory(None, "coherence-guard-calibrate-") as log_dir:
+        try:
+            status.begin("finding the model file")
+            gguf = local_engine.find_gguf(None, local_engine.default_cache_dir())
+            status.end(str(gguf))
+            status.begin("starting llama-server (SmolLM2-135M-Instruct)")
+            engine = local_engine.start_engine(gguf, log_dir, parallel=args.concurrency)
+            status.end(f"{engine.url}, log {log_dir / 'engine.log'}")
+        except DemoError as exc:
+            raise CalibrateError(str(exc)) from None
+        try:
+            return calibrate(
+                engine.url, output, models=[local_engine.SERVED_MODEL], prompts=_prompts_of(args),
+                penalties=args.repetition_penalty, temperatures=args.temperature,
+                seeds=args.seeds, max_tokens=args.max_tokens, concurrency=args.concurrency,
+                quantile=args.quantile, margin=args.margin, timeout=args.timeout,
+            )  # fmt: skip
+        finally:
+            engine.stop()
