@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from proxy.detect.drift import OPENING_MAX, code_like, fallback_languages, same_language
 from proxy.detect.repetition import PeriodicTail, periodic_tail
+from proxy.detect.script import scripts_of_language
 
 # Sentence-sized units: up to a sentence end (Latin and CJK punctuation) or a line break.
 _UNIT = re.compile(r"[^\n.!?。！？]*(?:[.!?。！？]+[\"”»」']*|\n+|$)")
@@ -218,14 +219,25 @@ def final_drift(
     # longer text keeps the share rule (and the streaming judgement): a passage in another
     # language that ends it is as often a document's untranslated part.
     short = offset + len(text) <= SHORT_ANSWER
+    # A tail in a script none of the accepted languages is written in (an English answer that
+    # goes on in Chinese) is no untranslated part of a document, which is in English, in Latin
+    # letters: the short answer's rule holds.
+    script = tail and _other_script(tail, reference, accepted)
     if tail_weight >= FOREIGN_MIN and (
         tail_weight >= total / 3
-        or (short and (len(tail) >= TAIL_UNITS or tail_weight >= TAIL_WEIGHT))
+        or ((short or script) and (len(tail) >= TAIL_UNITS or tail_weight >= TAIL_WEIGHT))
     ):
         return (share, tail[0].start)
     if share >= 0.5:
         return (share, runs[0][0].start)
     return None
+
+
+def _other_script(tail: list[Unit], reference: str, accepted: frozenset[str]) -> bool:
+    """Every unit of ``tail`` is in a language written in a script other than Latin that
+    neither the reference language nor any accepted one is written in."""
+    native = {"Latin"}.union(scripts_of_language(reference), *map(scripts_of_language, accepted))
+    return all(not native & set(scripts_of_language(u.code)) for u in tail)
 
 
 # Characters a table rule or a drawn line repeats: layout, not a flood.

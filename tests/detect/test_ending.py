@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -305,3 +306,32 @@ def test_the_end_checks_leave_repetition_in_code_alone(tail: str) -> None:
     verdict = stream(ENGLISH[:200] + tail).verdict
     assert verdict is not None and verdict.fired_at_char == 200 + len(tail)  # at the end
     assert stream(ENGLISH[:200] + "\n```text\n" + tail).verdict is None
+
+
+# Real texts that end in another language (tests/data/detect/endings.jsonl says where from): a
+# Qwen1.5-110B answer, English for 2,003 characters, then point 8 and its conclusion in Chinese;
+# a Russian manual page whose last section is untranslated English.
+DATA = Path(__file__).parent.parent / "data" / "detect"
+ENDINGS = {
+    row["id"]: row["text"]
+    for row in map(json.loads, (DATA / "endings.jsonl").read_text("utf-8").splitlines())
+}
+
+
+def test_an_english_answer_that_ends_in_chinese_is_drift() -> None:
+    """An answer that leaves English for a script no accepted language is written in, and never
+    comes back, drifted: it is no untranslated part of a document (those are in English)."""
+    verdict = stream(ENDINGS["ae-Qwen1.5-110B-Chat-62"], expected_language="en").verdict
+    assert verdict is not None and verdict.signal in ("language-drift", "script-intrusion")
+    assert verdict.onset_char > ENDINGS["ae-Qwen1.5-110B-Chat-62"].index("7. Media")
+    both = Detector(expected_language="en", accepted_languages=frozenset({"en", "zh"}))
+    for piece in ENDINGS["ae-Qwen1.5-110B-Chat-62"].split(" "):
+        both.feed(piece + " ")
+    assert both.finish().verdict is None  # Chinese asked for (named): no drift
+
+
+def test_a_localised_page_that_ends_in_english_is_not_drift() -> None:
+    """English at the end of a Russian page is its untranslated part, not drift."""
+    assert (
+        stream(ENDINGS["man-ru-persistent-keyring.7"], expected_language="ru").verdict is None
+    )
