@@ -39,7 +39,11 @@ TABLE_END = "<!-- env-table:end -->"
 
 # Variables docker-compose.yml reads (not the proxy): listed so one .env drives the stack.
 COMPOSE_VARS: list[tuple[str, str, str]] = [
-    ("VLLM_TAG", "latest", "vllm/vllm-openai image tag."),
+    (
+        "VLLM_TAG",
+        "v0.33.0",
+        "vllm/vllm-openai image tag (deploy/kubernetes pins the same one).",
+    ),
     ("VLLM_MODEL", "Qwen/Qwen2.5-7B-Instruct", "Model vLLM serves (Hugging Face id or path)."),
     ("VLLM_SERVED_MODEL_NAME", "Qwen/Qwen2.5-7B-Instruct", "Model name clients send."),
     ("VLLM_MAX_MODEL_LEN", "32768", "Context length."),
@@ -96,6 +100,12 @@ COMPOSE_VARS: list[tuple[str, str, str]] = [
         "true: the proxy sends no traces at all (Jaeger then stays empty).",
     ),
     ("PROXY_BASE_IMAGE", "python:3.12-slim-bookworm", "Base image of the proxy build."),
+    (
+        "COHERENCE_GUARD_TAG",
+        "0.1.0",
+        "Tag of the proxy image compose builds (coherence-guard:TAG; the project's version, the "
+        "tag the Kubernetes manifests name).",
+    ),
 ]
 
 
