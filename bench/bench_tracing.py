@@ -8,12 +8,13 @@ Two measurements:
   runs twice with a different number of streams, and the difference divided by the difference in
   events is the per-event count, start-up and imports cancelling out. ``--baseline DIR`` counts
   a second checkout (the code before tracing) in the same run; ``traced`` is this tree with a
-  verdict hook set on every guard, as the proxy does with traces on.
-* **Per request, traces on** — the span work a guarded request adds (start with the client's
-  ``traceparent`` extracted, the engine's headers, the hook, one verdict, attributes and the
-  event at the end), with the SDK's batch processor and its OTLP/HTTP exporter sending to a
-  receiver on 127.0.0.1: microseconds of the request's own thread, and process CPU including the
-  exporter's thread, per request.
+  verdict hook set on every guard, as the proxy does with traces on (its other hook, the first
+  chunk's, is the detector maker's: once per request, none per event).
+* **Per request, traces on** — the span work a guarded request adds (its two spans started
+  with the client's ``traceparent`` extracted, the engine's headers, the hooks, one verdict,
+  attributes and the event at the end), with the SDK's batch processor and its OTLP/HTTP
+  exporter sending to a receiver on 127.0.0.1: microseconds of the request's own thread, and
+  process CPU including the exporter's thread, per request.
 
     python bench/bench_tracing.py                               # this tree
     git worktree add /tmp/before <rev> && python bench/bench_tracing.py --baseline /tmp/before
@@ -110,7 +111,7 @@ def per_request(requests: int) -> tuple[float, float]:
     request."""
     sys.path.insert(0, str(ROOT))
     from proxy.core.guard import GuardPolicy, StreamGuard
-    from proxy.core.requested_language import NONE
+    from proxy.core.rewrite import RewritePolicy, rewrite_request
     from proxy.detect import Detector, DetectorConfig
     from proxy.observability.tracing import Tracing
     from tests.fakes.vllm import FakeVLLM, Script
@@ -120,10 +121,19 @@ def per_request(requests: int) -> tuple[float, float]:
     events = [e for e in FakeVLLM()._events({}, True, Script(texts=[loop])) if e is not None]
     config = DetectorConfig()
     headers = {b"traceparent": b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    body = {
+        "model": "bench",
+        "messages": [{"role": "user", "content": "Tell me about photosynthesis."}],
+        "max_tokens": 1024,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "stream": True,
+    }
+    rw = rewrite_request(body, "chat", RewritePolicy())
     with otlp_receiver() as receiver:
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_MAX_QUEUE_SIZE": "100000"}
         os.environ.update(env)  # the exporter reads its own variables
-        tracing = Tracing.from_env(env=env)
+        tracing = Tracing.from_env(env=env, upstream_url="http://127.0.0.1:8000")
         assert tracing is not None
         guards = []
         for _ in range(requests):
@@ -141,23 +151,24 @@ def per_request(requests: int) -> tuple[float, float]:
             trace = tracing.start(
                 headers,
                 endpoint="chat",
-                model="bench",
-                max_tokens=1024,
+                rw=rw,
+                body=body,
                 mode="enforce",
-                stream=True,
                 started=time.perf_counter(),
                 request_id="bench",
                 path="/v1/chat/completions",
+                engine="vllm",
             )
             trace.upstream_headers([(b"content-type", b"application/json")])
             trace.watch(guard)
+            trace.first_chunk()
             state = guard.choices[0]
             trace.verdict(guard, state)
-            trace.end(guard, outcome="aborted", choices=choices, expectation=NONE, status=200)
+            trace.end(guard, outcome="aborted", choices=choices, rw=rw, status=200)
             spent += time.thread_time() - t0
         tracing.provider.force_flush()
         cpu = time.process_time() - cpu0
-        receiver.wait_for(lambda spans: len(spans) >= requests, timeout=120)
+        receiver.wait_for(lambda spans: len(spans) >= 2 * requests, timeout=120)
         tracing.shutdown()
     return spent / requests * 1e6, cpu / requests * 1e6
 

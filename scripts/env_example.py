@@ -39,7 +39,11 @@ TABLE_END = "<!-- env-table:end -->"
 
 # Variables docker-compose.yml reads (not the proxy): listed so one .env drives the stack.
 COMPOSE_VARS: list[tuple[str, str, str]] = [
-    ("VLLM_TAG", "latest", "vllm/vllm-openai image tag."),
+    (
+        "VLLM_TAG",
+        "v0.33.0",
+        "vllm/vllm-openai image tag (deploy/kubernetes pins the same one).",
+    ),
     ("VLLM_MODEL", "Qwen/Qwen2.5-7B-Instruct", "Model vLLM serves (Hugging Face id or path)."),
     ("VLLM_SERVED_MODEL_NAME", "Qwen/Qwen2.5-7B-Instruct", "Model name clients send."),
     ("VLLM_MAX_MODEL_LEN", "32768", "Context length."),
@@ -75,17 +79,33 @@ COMPOSE_VARS: list[tuple[str, str, str]] = [
     ("GRAFANA_ADMIN_PASSWORD", "admin", "Grafana admin password: change it."),
     (
         "GRAFANA_TRACES_DATASOURCE_UID",
-        "tempo",
-        "uid of the Tempo or Jaeger data source the abort panel's exemplars link to.",
+        "jaeger",
+        "uid of the traces data source the abort panels' exemplars link to: the stack's Jaeger "
+        "(grafana/provisioning/datasources/jaeger.yml), or a data source of your own "
+        "provisioned beside it.",
     ),
+    ("JAEGER_TAG", "2.19.0", "jaegertracing/jaeger image tag (Jaeger v2: the stack's traces)."),
+    ("JAEGER_PUBLISH_PORT", "16686", "Host port of the Jaeger UI."),
     (
         "OTEL_EXPORTER_OTLP_ENDPOINT",
-        "",
-        "OpenTelemetry: set (e.g. http://tempo:4318) and the proxy exports a span per guarded "
-        "request; other OTEL_* variables work too (docs/observability.md). Read from the "
-        "environment: compose passes it from .env; export it for coherence-guard serve.",
+        "http://jaeger:4318",
+        "OpenTelemetry: where the stack's proxy sends its spans (the stack's Jaeger; another "
+        "store, e.g. http://tempo:4318, instead); other OTEL_* variables work too "
+        "(docs/observability.md). Read from the environment: compose passes it from .env; "
+        "export it for coherence-guard serve, which sends none without it.",
+    ),
+    (
+        "OTEL_SDK_DISABLED",
+        "false",
+        "true: the proxy sends no traces at all (Jaeger then stays empty).",
     ),
     ("PROXY_BASE_IMAGE", "python:3.12-slim-bookworm", "Base image of the proxy build."),
+    (
+        "COHERENCE_GUARD_TAG",
+        "0.1.0",
+        "Tag of the proxy image compose builds (coherence-guard:TAG; the project's version, the "
+        "tag the Kubernetes manifests name).",
+    ),
 ]
 
 

@@ -1,7 +1,8 @@
 """Compose in front of an engine the user already runs (``docker-compose.external.yml``), read
 back with the real ``docker compose config``: the bundled vLLM is left out, the proxy fronts the
 engine named in the environment (``.env``), and Prometheus scrapes that engine's metrics with
-the same jobs, rules and settings as ``prometheus/prometheus.yml``."""
+the same jobs, rules and settings as ``prometheus/prometheus.yml``. The file stands alone (each
+service extends docker-compose.yml's) and renders the same stack after docker-compose.yml."""
 
 from __future__ import annotations
 
@@ -24,8 +25,16 @@ ENGINE = {
 }
 
 
-def _config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    cmd = [*compose_command(), "-f", str(COMPOSE), "-f", str(EXTERNAL)]
+#: The file alone, and after docker-compose.yml (the older spelling): both are documented.
+SPELLINGS = {"alone": (EXTERNAL,), "after-the-base": (COMPOSE, EXTERNAL)}
+
+
+def _config(
+    env: dict[str, str], files: tuple[Path, ...] = SPELLINGS["alone"]
+) -> subprocess.CompletedProcess[str]:
+    cmd = [*compose_command()]
+    for file in files:
+        cmd += ["-f", str(file)]
     cmd += ["--project-directory", str(ROOT), "config", "--format", "json"]
     clean = {k: v for k, v in os.environ.items() if not k.startswith("EXTERNAL_ENGINE_")}
     return subprocess.run(
@@ -33,8 +42,8 @@ def _config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _rendered() -> dict[str, Any]:
-    out = _config(ENGINE)
+def _rendered(files: tuple[Path, ...] = SPELLINGS["alone"]) -> dict[str, Any]:
+    out = _config(ENGINE, files)
     assert out.returncode == 0, out.stderr
     config: dict[str, Any] = json.loads(out.stdout)
     return config
@@ -50,12 +59,31 @@ def _prometheus(config: dict[str, Any]) -> dict[str, Any]:
     return loaded
 
 
-def test_the_bundled_engine_is_left_out_and_the_proxy_fronts_the_users() -> None:
-    services = _rendered()["services"]
-    assert set(services) == {"proxy", "prometheus", "grafana"}
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_the_bundled_engine_is_left_out_and_the_proxy_fronts_the_users(spelling: str) -> None:
+    services = _rendered(SPELLINGS[spelling])["services"]
+    assert set(services) == {"proxy", "prometheus", "grafana", "jaeger"}
     proxy = services["proxy"]
     assert proxy["environment"]["GUARD_UPSTREAM_URL"] == ENGINE["EXTERNAL_ENGINE_URL"]
     assert "vllm" not in proxy.get("depends_on", {})
+    # The rest of the proxy is docker-compose.yml's: its build, image, traces and port.
+    base = _config_of_base()["services"]["proxy"]
+    for key in ("build", "image", "ports", "env_file", "restart"):
+        assert proxy.get(key) == base.get(key), key
+    assert proxy["environment"] == {
+        **base["environment"],
+        "GUARD_UPSTREAM_URL": ENGINE["EXTERNAL_ENGINE_URL"],
+    }
+
+
+def test_alone_or_after_the_base_it_is_the_same_stack() -> None:
+    """``-f docker-compose.external.yml`` alone renders exactly what it renders after
+    ``-f docker-compose.yml``: a user who forgets the base file gets the stack, not an error."""
+    alone, after = (
+        {k: v for k, v in _rendered(files).items() if not k.startswith("x-")}  # YAML anchors
+        for files in SPELLINGS.values()
+    )
+    assert alone == after
 
 
 def test_prometheus_scrapes_the_users_engine_with_the_stacks_other_jobs() -> None:
@@ -105,10 +133,13 @@ def test_the_rendered_prometheus_config_is_valid(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.parametrize("spelling", SPELLINGS)
 @pytest.mark.parametrize("missing", ["EXTERNAL_ENGINE_URL", "EXTERNAL_ENGINE_METRICS"])
-def test_without_the_engine_named_compose_refuses_and_says_what_to_set(missing: str) -> None:
+def test_without_the_engine_named_compose_refuses_and_says_what_to_set(
+    missing: str, spelling: str
+) -> None:
     """Each of the two variables, left out alone, stops compose with a message naming it (with
     both left out, compose names whichever it reads first)."""
-    out = _config({k: v for k, v in ENGINE.items() if k != missing})
+    out = _config({k: v for k, v in ENGINE.items() if k != missing}, SPELLINGS[spelling])
     assert out.returncode != 0
     assert f"set {missing} in .env" in out.stderr

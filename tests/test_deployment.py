@@ -9,11 +9,13 @@ empty panel.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -194,6 +196,74 @@ def test_grafana_provisioning_points_at_the_stack() -> None:
     assert provider["options"]["path"] == "/var/lib/grafana/dashboards"
 
 
+# -- traces: the exemplar link ---------------------------------------------------------------
+
+#: Grafana data source types that open a trace by its id.
+TRACE_SOURCES = {"jaeger", "tempo", "zipkin"}
+_GRAFANA_VAR = re.compile(r"\$\{(\w+)\}|\$(\w+)")
+
+
+def _provisioned_sources(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every data source Grafana provisions in the rendered stack: the files under the
+    provisioning folder compose mounts, with ``$VAR`` / ``${VAR}`` expanded from Grafana's
+    environment as Grafana expands them."""
+    grafana = config["services"]["grafana"]
+    env = grafana["environment"]
+    mounts = {v["target"]: v.get("source") for v in grafana["volumes"]}
+    folder = Path(mounts["/etc/grafana/provisioning"]) / "datasources"
+    out = []
+    for path in sorted(folder.glob("*.y*ml")):
+        text = _GRAFANA_VAR.sub(lambda m: env.get(m[1] or m[2], ""), path.read_text())
+        out += yaml.safe_load(text)["datasources"]
+    return out
+
+
+def _trace_link(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The traces data source the Prometheus exemplars link to, or None when none of that uid
+    is provisioned."""
+    sources = _provisioned_sources(config)
+    (prometheus,) = [s for s in sources if s["type"] == "prometheus"]
+    (link,) = prometheus["jsonData"]["exemplarTraceIdDestinations"]
+    return next((s for s in sources if s.get("uid") == link["datasourceUid"]), None)
+
+
+def _rendered(**env: str) -> dict[str, Any]:
+    cmd = [*compose_command(), "-f", str(COMPOSE), "--project-directory", str(ROOT)]
+    clean = {k: v for k, v in os.environ.items() if k not in ("GRAFANA_TRACES_DATASOURCE_UID",)}
+    out = subprocess.run(
+        [*cmd, "config", "--format", "json"], capture_output=True, text=True,
+        timeout=HANG_GUARD, env={**clean, **env},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    config: dict[str, Any] = json.loads(out.stdout)
+    return config
+
+
+def test_the_exemplar_link_opens_the_stacks_trace_store() -> None:
+    """A diamond on the abort panel opens its trace: the uid the exemplar link names is a
+    provisioned traces data source, which reads the stack's Jaeger, to which the proxy sends
+    its spans."""
+    config = _rendered()
+    target = _trace_link(config)
+    assert target is not None, "the exemplar link names no provisioned data source"
+    assert target["type"] in TRACE_SOURCES
+    services = config["services"]
+    store = urlsplit(target["url"])
+    assert store.hostname in services and store.port == 16686  # Jaeger's query API and UI
+    exporter = urlsplit(services["proxy"]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"])
+    assert (exporter.hostname, exporter.port) == (store.hostname, 4318)  # OTLP over HTTP
+    assert services[store.hostname]["image"].startswith("jaegertracing/jaeger:")
+
+
+def test_the_link_follows_grafana_traces_datasource_uid() -> None:
+    """The variable still chooses the data source: one of the operator's own (provisioned
+    beside the stack's) is linked when named, and a uid nothing provisions is caught here
+    (the old default, ``tempo``, named none)."""
+    config = _rendered(GRAFANA_TRACES_DATASOURCE_UID="tempo")
+    assert config["services"]["grafana"]["environment"]["GRAFANA_TRACES_DATASOURCE_UID"] == "tempo"
+    assert _trace_link(config) is None
+
+
 # -- Prometheus --------------------------------------------------------------------------------
 
 
@@ -266,7 +336,7 @@ def test_compose_file_validates() -> None:
     assert out.returncode == 0, out.stderr
     config: dict[str, Any] = json.loads(out.stdout)
     services = config["services"]
-    assert set(services) == {"vllm", "proxy", "prometheus", "grafana"}  # dcgm: profile only
+    assert set(services) == {"vllm", "proxy", "prometheus", "grafana", "jaeger"}  # dcgm: profile
     assert services["vllm"]["image"].startswith("vllm/vllm-openai:")
     devices = services["vllm"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"]

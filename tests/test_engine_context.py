@@ -23,6 +23,7 @@ from proxy.server.engine_context import (
     EngineContexts,
     context_error,
     model_contexts,
+    model_owner,
 )
 from tests.fakes.vllm import FakeVLLM, Script
 from tests.net import HANG_GUARD
@@ -146,6 +147,29 @@ def test_model_contexts_reads_vllm_and_skips_engines_without_one() -> None:
     assert model_contexts(b"<html>") == {}
 
 
+@pytest.mark.parametrize(
+    ("entries", "owner"),
+    [
+        ([{"id": "a", "owned_by": "vllm"}, {"id": "lora", "owned_by": "vllm"}], "vllm"),
+        ([{"id": "m", "object": "model", "owned_by": "llamacpp", "meta": {}}], "llamacpp"),
+        ([{"id": "a", "owned_by": "vllm"}, {"id": "b", "owned_by": "sglang"}], None),
+        ([{"id": "a"}], None),
+        ([{"id": "a", "owned_by": ""}], None),
+        ([], None),
+    ],
+    ids=["vllm", "llamacpp", "two-engines-behind-a-gateway", "none", "empty", "no-models"],
+)
+def test_model_owner_is_the_name_every_entry_shares(
+    entries: list[dict[str, Any]], owner: str | None
+) -> None:
+    assert model_owner(orjson.dumps({"object": "list", "data": entries})) == owner
+
+
+def test_model_owner_of_what_is_not_a_model_list() -> None:
+    assert model_owner(b"<html>") is None
+    assert model_owner(b'{"data": {"id": "a"}}') is None
+
+
 # ------------------------------------------------------------------------- pure: rewriting
 
 
@@ -219,7 +243,8 @@ async def test_concurrent_first_requests_share_one_lookup_and_unknown_models_wai
         assert request.url.path == "/v1/models"
         assert request.headers["authorization"] == "Bearer k"
         await asyncio.sleep(0.05)
-        return httpx.Response(200, json={"data": [{"id": "a", "max_model_len": 4096}]})
+        entry = {"id": "a", "max_model_len": 4096, "owned_by": "vllm"}
+        return httpx.Response(200, json={"data": [entry]})
 
     clock = _Clock()
     contexts = EngineContexts(clock=clock)
@@ -229,6 +254,7 @@ async def test_concurrent_first_requests_share_one_lookup_and_unknown_models_wai
         await asyncio.gather(*(contexts.learn(client, "http://e/", headers) for _ in range(5)))
         assert calls == 1
         assert (contexts.get("a"), contexts.get(None)) == (4096, 4096)
+        assert contexts.owner == "vllm"  # the same list names the engine
         assert not contexts.should_learn("a")
         assert not contexts.should_learn("b")
         clock.now += RETRY_AFTER

@@ -1,10 +1,11 @@
 """OpenTelemetry traces through the real proxy: uvicorn, the fake vLLM over a real socket, the
 SDK's own OTLP/HTTP exporter, and a receiver decoding what it sent (tests/otlp_receiver.py).
 
-One span per guarded request continuing the client's ``traceparent``; the engine gets a
-``traceparent`` naming the guard's span; the verdict is an event with its signal, position and
-action; the verdict counters carry the trace id as an OpenMetrics exemplar; nothing of this
-exists unless the ``OTEL_*`` variables ask for it.
+Per guarded request a server span continuing the client's ``traceparent`` and under it the
+guard's model call (a client span); the engine gets a ``traceparent`` naming the model call; the
+verdict is an event with its signal, position and action; the verdict counters carry the trace id
+as an OpenMetrics exemplar; nothing of this exists unless the ``OTEL_*`` variables ask for it.
+(Each attribute against the GenAI conventions: ``tests/test_tracing_conventions.py``.)
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from tests.fakes.vllm import FakeVLLM, Script
 from tests.otlp_receiver import Receiver, receiving
 
 MODEL = "fake-model"
+#: ``Span.SpanKind`` in OTLP (opentelemetry-proto trace.proto).
+SPAN_KIND_SERVER, SPAN_KIND_CLIENT = 2, 3
 LOOP = "I will check the file again to make sure it is correct. " * 40
 HEALTHY = "Photosynthesis turns light into chemical energy in the chloroplasts of plants. "
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -61,6 +64,13 @@ def verdicts(span: dict[str, Any]) -> list[dict[str, Any]]:
     return [e for e in span["events"] if e["name"] == VERDICT_EVENT]
 
 
+def requests(spans: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(server span, model-call span) of each request, in the order they were exported."""
+    calls = [s for s in spans if s["kind"] == SPAN_KIND_CLIENT]
+    servers = {s["span_id"]: s for s in spans if s["kind"] == SPAN_KIND_SERVER}
+    return [(servers[c["parent_span_id"]], c) for c in calls]
+
+
 def test_looping_request_one_span_verdict_event_and_engine_parent(
     receiver: Receiver, fake_upstream: FakeVLLM, proxy_server: Callable[..., str]
 ) -> None:
@@ -70,9 +80,12 @@ def test_looping_request_one_span_verdict_event_and_engine_parent(
     r = chat(base)
     assert '"finish_reason":"content_filter"' in r.text
 
-    (span,) = receiver.wait_for(lambda spans: len(spans) >= 1)
-    # The client's trace, continued: same trace id, the client's span as parent.
-    assert span["trace_id"] == CLIENT_TRACE and span["parent_span_id"] == CLIENT_SPAN
+    ((server, span),) = requests(receiver.wait_for(lambda spans: len(spans) >= 2))
+    # The client's trace, continued: same trace id, the client's span as parent of the
+    # request's, which is the parent of the model call's.
+    assert server["trace_id"] == CLIENT_TRACE and server["parent_span_id"] == CLIENT_SPAN
+    assert span["trace_id"] == CLIENT_TRACE
+    assert server["name"] == "POST /v1/chat/completions"
     assert span["name"] == f"chat {MODEL}"
     assert span["resource"]["service.name"] == "coherence-guard"
     a = span["attributes"]
@@ -128,7 +141,7 @@ def test_monitor_heal_and_text_only_when_asked(
     # Monitor: relayed to its end; the verdict is an event all the same, action observed.
     fake_upstream.script = Script(texts=[LOOP], finish_reason="length")
     chat(base, mode="monitor", stream=False)
-    (span,) = receiver.wait_for(lambda spans: len(spans) >= 1)
+    ((_, span),) = requests(receiver.wait_for(lambda spans: len(spans) >= 2))
     (event,) = verdicts(span)
     assert event["attributes"]["coherence_guard.action"] == "observed"
     assert span["attributes"]["gen_ai.response.finish_reasons"] == ["length"]
@@ -141,14 +154,14 @@ def test_monitor_heal_and_text_only_when_asked(
     ]
     r = chat(base, mode="heal", stream=False)
     assert r.json()["choices"][0]["guard"]["action"] == "healed"
-    spans = receiver.wait_for(lambda spans: len(spans) >= 2)
-    heal = spans[1]
+    _, heal = requests(receiver.wait_for(lambda spans: len(spans) >= 4))[1]
     assert heal["attributes"]["coherence_guard.heal.attempts"] == 1
     assert heal["attributes"]["coherence_guard.heal.healed"] is True
+    assert "error.type" not in heal["attributes"]  # the loop was cut and the answer went on
     (event,) = verdicts(heal)
     assert event["attributes"]["coherence_guard.action"] == "healed"
     assert event["attributes"]["coherence_guard.heal.attempt"] == 0
-    # Both engine requests (the answer and its continuation) are children of the guard's span.
+    # Both engine requests (the answer and its continuation) are children of the model call.
     parents = {r.headers["traceparent"] for r in fake_upstream.guarded_requests()[-2:]}
     assert parents == {f"00-{CLIENT_TRACE}-{heal['span_id']}-01"}
     q = parse(metrics.render_quality()[0])

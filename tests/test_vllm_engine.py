@@ -61,13 +61,16 @@ async def test_probe_reads_health_and_models_from_the_fake_engine(
 ) -> None:
     async with httpx.AsyncClient() as client:
         status = await probe_engine(client, fake_upstream.url + "/")
-    assert status == EngineStatus(True, "/health 200", (fake_upstream.script.model,), {})
+    # vLLM names itself in its model list (owned_by), as the fake does.
+    assert status == EngineStatus(True, "/health 200", (fake_upstream.script.model,), {}, "vllm")
     assert [r.path for r in fake_upstream.requests] == ["/health", "/v1/models"]
 
 
 async def test_the_monitor_keeps_each_models_context(fake_upstream: FakeVLLM) -> None:
-    """What vLLM lists as max_model_len reaches the proxy's contexts at every check."""
+    """What vLLM lists as max_model_len, and the name it gives itself, reach the proxy's
+    contexts at every check."""
     fake_upstream.script = Script(max_model_len=4096)
+    fake_upstream.owned_by = "llamacpp"
     contexts = EngineContexts()
     async with httpx.AsyncClient() as client:
         monitor = EngineMonitor(
@@ -76,6 +79,7 @@ async def test_the_monitor_keeps_each_models_context(fake_upstream: FakeVLLM) ->
         status = await monitor.check()
     assert status.contexts == {"fake-model": 4096}
     assert contexts.get("fake-model") == 4096
+    assert status.owner == contexts.owner == "llamacpp"
 
 
 async def test_probe_of_a_closed_port_says_it_cannot_connect() -> None:

@@ -1,4 +1,4 @@
-"""OpenTelemetry traces: one span per guarded request, the guard's verdicts as its events.
+"""OpenTelemetry traces: two spans per guarded request, the guard's verdicts as events.
 
 Off unless the OpenTelemetry SDK's own variables ask for traces (``OTEL_EXPORTER_OTLP_ENDPOINT``,
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_TRACES_EXPORTER``; ``OTEL_SDK_DISABLED=true``
@@ -8,17 +8,26 @@ and ``OTEL_TRACES_EXPORTER=none`` switch it off): every other knob is the SDK's 
 the way they configure vLLM (``--otlp-traces-endpoint``) and every other traced service. The
 SDK is an optional dependency (``coherence-guard[otel]``), imported only when traces are on.
 
-Cost: nothing per chunk, on or off. Off, :attr:`proxy.server.state.Proxy.tracing` is ``None``
-and each request pays one ``is None`` test at its start and end. On, a request opens one span
-when its exchange starts (so the ``traceparent`` sent to the engine names it: vLLM's spans sit
-under the guard's), the guard calls :meth:`RequestTrace.verdict` only when a verdict fires (it
-notes the time and the block), and the span's attributes and events are written once, at the
-end, from what the request left behind — the action a verdict led to (healed or aborted) is
-only known then; each event keeps the moment its verdict fired as its timestamp.
+The two spans follow the GenAI client conventions (``open-telemetry/semantic-conventions-genai``,
+``client-inference.md``): a ``SERVER`` span for the request the client sent
+(``POST /v1/chat/completions``, HTTP attributes, the guard's mode), and under it a ``CLIENT`` span
+for the call the guard makes to the model (``chat {model}``: ``gen_ai.*``, ``server.*`` of the
+engine, ``error.type``, the verdicts). The engine's own spans sit under the ``CLIENT`` span (the
+``traceparent`` it receives names that one), so a trace store draws the edge guard → engine.
 
-Attributes follow the GenAI semantic conventions (``gen_ai.*``); the guard's own are
-``coherence_guard.*``. No prompt or completion text is recorded unless ``GUARD_LOG_TEXT=true``,
-which adds the delta that made the detector fire to its event, as the log line does.
+Cost: nothing per chunk, on or off. Off, :attr:`proxy.server.state.Proxy.tracing` is ``None``
+and each request pays one ``is None`` test at its start and end. On, a request opens its spans
+when its exchange starts; the guard calls back only when a verdict fires, and the request's
+detector maker when the engine's first output chunk opens the first block (one clock read
+each); the attributes and events are written once, at the end, from what the request left
+behind — the action a verdict led to (healed or aborted) is only known then; each event keeps
+the moment its verdict fired as its timestamp.
+
+The request's own values are what ``gen_ai.request.*`` records (``max_tokens`` included: the
+limit the guard sent, its default or a clamp, is ``coherence_guard.max_tokens``). The guard's own
+attributes are ``coherence_guard.*``. No prompt or completion text is recorded unless
+``GUARD_LOG_TEXT=true``, which adds the delta that made the detector fire to its event, as the
+log line does.
 """
 
 from __future__ import annotations
@@ -26,12 +35,18 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from proxy.core.guard import BlockState, StreamGuard
 from proxy.core.heal import HealGuard
 from proxy.core.records import ChoiceRecord
+from proxy.observability.genai import (
+    OPERATIONS,
+    provider_name,
+    request_attributes,
+    server_attributes,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -41,20 +56,12 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
     from proxy.core.requested_language import Expectation
+    from proxy.core.rewrite import Rewrite
 
 log = logging.getLogger("coherence_guard")
 
 SERVICE_NAME: Final = "coherence-guard"
 VERDICT_EVENT: Final = "coherence_guard.verdict"
-#: ``gen_ai.operation.name`` per guarded surface (the GenAI conventions' well-known values).
-OPERATIONS: Final = {
-    "chat": "chat",
-    "completions": "text_completion",
-    "responses": "chat",
-    "messages": "chat",
-}
-#: The engine the guard fronts (``gen_ai.provider.name``; ``gen_ai.system`` before 1.37).
-PROVIDER: Final = "vllm"
 
 
 def wanted(env: Mapping[str, str] = os.environ) -> bool:
@@ -119,7 +126,12 @@ class Tracing:
     """One worker's tracer: built at start-up when traces are on, shut down (flushed) at exit."""
 
     def __init__(
-        self, provider: TracerProvider, propagator: TextMapPropagator, *, log_text: bool
+        self,
+        provider: TracerProvider,
+        propagator: TextMapPropagator,
+        *,
+        log_text: bool,
+        upstream_url: str = "",
     ) -> None:
         from opentelemetry.trace import SpanKind
 
@@ -131,11 +143,18 @@ class Tracing:
         self.fields = tuple(sorted(propagator.fields))
         self._drop = frozenset(f.encode() for f in self.fields)
         self.log_text = log_text
-        self._server = SpanKind.SERVER
+        #: ``server.address`` / ``server.port`` of the engine, on every model call's span.
+        self.server = server_attributes(upstream_url)
+        self._server_kind = SpanKind.SERVER
+        self._client_kind = SpanKind.CLIENT
 
     @classmethod
     def from_env(
-        cls, *, log_text: bool = False, env: Mapping[str, str] = os.environ
+        cls,
+        *,
+        log_text: bool = False,
+        upstream_url: str = "",
+        env: Mapping[str, str] = os.environ,
     ) -> Tracing | None:
         """The worker's tracing, or ``None`` when traces are off or the SDK is missing."""
         if not wanted(env):
@@ -168,75 +187,114 @@ class Tracing:
             resource.attributes.get("service.name"),
             ", ".join(type(e).__name__ for e in exporters),
         )
-        return cls(provider, get_global_textmap(), log_text=log_text)
+        return cls(provider, get_global_textmap(), log_text=log_text, upstream_url=upstream_url)
 
     def start(
         self,
         headers: Mapping[bytes, bytes],
         *,
         endpoint: str,
-        model: str | None,
-        max_tokens: int,
+        rw: Rewrite,
+        body: Mapping[str, Any],
         mode: str,
-        stream: bool,
         started: float,
         request_id: str | None,
         path: str,
+        engine: str | None,
     ) -> RequestTrace:
-        """The span of one guarded request, continuing the client's ``traceparent``;
-        ``started`` is the request's ``time.perf_counter()`` at arrival."""
+        """The spans of one guarded request: the ``SERVER`` span of the client's request,
+        continuing its ``traceparent`` and begun at its arrival (``started``, its
+        ``time.perf_counter()``), and the ``CLIENT`` span of the model call under it, begun now.
+        ``body`` is the client's request as sent, ``rw`` what goes to the engine, ``engine``
+        the ``owned_by`` of the engine's model list when known."""
+        from opentelemetry.trace import set_span_in_context
+
         carrier = {
             name: headers[key].decode("latin-1")
             for name in self.fields
             if (key := name.encode()) in headers
         }
         parent = self.propagator.extract(carrier)
-        operation = OPERATIONS.get(endpoint, "chat")
-        attributes: dict[str, Any] = {
-            "gen_ai.operation.name": operation,
-            "gen_ai.provider.name": PROVIDER,
-            "gen_ai.system": PROVIDER,
-            "gen_ai.request.max_tokens": max_tokens,
+        incoming: dict[str, Any] = {
             "http.request.method": "POST",
             "http.route": path,
             "coherence_guard.endpoint": endpoint,
             "coherence_guard.mode": mode,
-            "coherence_guard.stream": stream,
+            "coherence_guard.stream": rw.client_stream,
         }
-        if model:
-            attributes["gen_ai.request.model"] = model
         if request_id is not None:
-            attributes["coherence_guard.request_id"] = request_id
+            incoming["coherence_guard.request_id"] = request_id
         begun = time.time_ns() - int((time.perf_counter() - started) * 1e9)
-        span = self.tracer.start_span(
-            f"{operation} {model}" if model else operation,
+        server = self.tracer.start_span(
+            f"POST {path}",
             context=parent,
-            kind=self._server,
-            attributes=attributes,
+            kind=self._server_kind,
+            attributes=incoming,
             start_time=begun,
         )
-        return RequestTrace(self, span, parent)
+        operation = OPERATIONS.get(endpoint, "chat")
+        model = rw.model
+        call: dict[str, Any] = {
+            "gen_ai.operation.name": operation,
+            "gen_ai.provider.name": provider_name(engine),
+            **self.server,
+            **request_attributes(endpoint, body),
+        }
+        if model:
+            call["gen_ai.request.model"] = model
+        if rw.body.get("stream") is True:
+            call["gen_ai.request.stream"] = True
+        span = self.tracer.start_span(
+            f"{operation} {model}" if model else operation,
+            context=set_span_in_context(server, parent),
+            kind=self._client_kind,
+            attributes=call,
+        )
+        return RequestTrace(self, span, server, parent)
 
     def shutdown(self) -> None:
         """Export what is queued, then stop (the worker is exiting)."""
         self.provider.shutdown()
 
 
+class FirstBlock(Protocol):
+    """What tells the trace of the engine's first output chunk
+    (:class:`proxy.server.detectors.DetectorMaker`): a callback it calls once."""
+
+    on_first: Callable[[], None] | None
+
+
 class RequestTrace:
-    """One guarded request's span and the verdicts noted while it ran."""
+    """One guarded request's spans, and the verdicts and moments noted while it ran."""
 
-    __slots__ = ("_verdicts", "ctx", "span", "stages", "tracing")
+    __slots__ = (
+        "_first_chunk",
+        "_sent",
+        "_verdicts",
+        "ctx",
+        "server",
+        "span",
+        "stages",
+        "tracing",
+    )
 
-    def __init__(self, tracing: Tracing, span: Span, parent: Context) -> None:
+    def __init__(self, tracing: Tracing, span: Span, server: Span, parent: Context) -> None:
         from opentelemetry.trace import set_span_in_context
 
         self.tracing = tracing
+        #: The model call (``CLIENT``): the guard's span, parent of the engine's.
         self.span = span
-        self.ctx = set_span_in_context(span, parent)
+        #: The client's request (``SERVER``), parent of :attr:`span`.
+        self.server = server
+        self.ctx = set_span_in_context(span, set_span_in_context(server, parent))
         #: (time in ns, guard, block) per verdict, in the order they fired.
         self._verdicts: list[tuple[int, StreamGuard, BlockState]] = []
         #: Heal mode's stages, in order (the last is the request's final guard).
         self.stages: list[StreamGuard] = []
+        #: ``time.perf_counter()`` when the request went to the engine, and seconds from then
+        #: to the engine's first output chunk.
+        self._sent = time.perf_counter()
+        self._first_chunk: float | None = None
 
     @property
     def trace_id(self) -> str | None:
@@ -245,8 +303,11 @@ class RequestTrace:
         return format(sc.trace_id, "032x") if sc.trace_flags.sampled else None
 
     def upstream_headers(self, out: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-        """``out`` with the client's trace headers replaced by this span's, so the engine's
-        spans are children of the guard's (``traceparent`` names this span)."""
+        """``out`` with the client's trace headers replaced by the model call's, so the
+        engine's spans are children of the guard's ``CLIENT`` span. Asked for as the request
+        goes to the engine, which is the moment the first chunk is timed from."""
+        if self._first_chunk is None:
+            self._sent = time.perf_counter()
         carrier: dict[str, str] = {}
         self.tracing.propagator.inject(carrier, context=self.ctx)
         drop = self.tracing._drop
@@ -254,9 +315,19 @@ class RequestTrace:
         kept += [(k.encode(), v.encode("latin-1")) for k, v in carrier.items()]
         return kept
 
-    def watch(self, guard: StreamGuard) -> None:
-        """Have ``guard`` report its verdicts the moment they fire."""
+    def first_chunk(self) -> None:
+        """The engine's first output chunk arrived (``gen_ai.response.time_to_first_chunk``;
+        the request's detector maker calls this as the guard opens its first block on it)."""
+        if self._first_chunk is None:
+            self._first_chunk = time.perf_counter() - self._sent
+
+    def watch(self, guard: StreamGuard, maker: FirstBlock | None = None) -> None:
+        """Have ``guard`` report its verdicts the moment they fire, and ``maker`` (the
+        request's detector maker, which the guard asks as the engine's first output chunk opens
+        its first block) that first chunk."""
         guard.on_verdict = lambda state: self.verdict(guard, state)
+        if maker is not None:
+            maker.on_first = self.first_chunk
 
     def verdict(self, guard: StreamGuard, state: BlockState) -> None:
         """A verdict fired on ``state`` (once per block; later calls for it are ignored)."""
@@ -276,32 +347,52 @@ class RequestTrace:
         *,
         outcome: str,
         choices: Iterable[ChoiceRecord],
-        expectation: Expectation,
+        rw: Rewrite,
         status: int,
+        failure: str | None = None,
     ) -> None:
-        """Write the span's attributes and verdict events, then end it (once per request)."""
-        span = self.span
+        """Write the spans' attributes and verdict events, then end them (once per request);
+        ``failure`` is the upstream failure's ``error.type`` when the request had one."""
+        span, server = self.span, self.server
         try:
             if span.is_recording():
-                self._write(guard, outcome, list(choices), expectation, status)
+                self._write(guard, outcome, list(choices), rw, failure)
+            if server.is_recording():
+                self._write_server(status)
         finally:
             span.end()
+            server.end()
+
+    def _write_server(self, status: int) -> None:
+        """The client's request: its status; a 5xx is an error of the request (HTTP server
+        conventions: a 4xx, the client's own mistake, is not)."""
+        server = self.server
+        server.set_attribute("http.response.status_code", status)
+        if status >= 500:
+            from opentelemetry.trace import Status, StatusCode
+
+            server.set_attribute("error.type", str(status))
+            server.set_status(Status(StatusCode.ERROR))
 
     def _write(
         self,
         guard: StreamGuard | None,
         outcome: str,
         records: list[ChoiceRecord],
-        expectation: Expectation,
-        status: int,
+        rw: Rewrite,
+        failure: str | None,
     ) -> None:
         span = self.span
+        expectation = rw.expectation
         attrs: dict[str, Any] = {
             "coherence_guard.outcome": outcome,
-            "http.response.status_code": status,
             "coherence_guard.expected_language": expectation.code or "none",
             "coherence_guard.language_source": expectation.source,
         }
+        if not rw.engine_limited:
+            attrs["coherence_guard.max_tokens"] = rw.max_tokens
+        if self._first_chunk is not None and rw.body.get("stream") is True:
+            attrs["gen_ai.response.time_to_first_chunk"] = self._first_chunk
         reasons = [r.finish_reason or "none" for r in records]
         if reasons:
             attrs["gen_ai.response.finish_reasons"] = reasons
@@ -323,13 +414,43 @@ class RequestTrace:
                 summary = state.summary
                 if summary is not None and summary.verdict is not None and state.verdict is None:
                     self.verdict(guard, state)  # judged when the choice ended
+        error = self._error_type(guard, outcome, failure)
+        if error is not None:
+            attrs["error.type"] = error
         span.set_attributes(attrs)
         for fired, stage, state in self._verdicts:
             span.add_event(VERDICT_EVENT, self._event(stage, state, expectation), timestamp=fired)
-        if outcome == "upstream_error":
+        if error is not None:
             from opentelemetry.trace import Status, StatusCode
 
-            span.set_status(Status(StatusCode.ERROR, "upstream error"))
+            span.set_status(Status(StatusCode.ERROR))
+
+    def _error_type(
+        self, guard: StreamGuard | None, outcome: str, failure: str | None
+    ) -> str | None:
+        """``error.type`` of the model call, from a small fixed set: the guard's abort (what
+        the client sees as ``stop_reason``, ``coherence_guard:<signal>``), the upstream failure
+        (its kind — ``connect``, ``timeout``, ``disconnect``, ``protocol``, ``deadline`` — or
+        the engine's HTTP status), an error the engine wrote into its stream
+        (``engine_error``), a stream that ended without its terminal event
+        (``incomplete``), or the client leaving (``client_disconnected``: the guard closed the
+        call). A completed, healed or monitored answer has none."""
+        if outcome == "aborted":
+            # The verdict that ended the answer: the last abort (heal's earlier cuts were
+            # continued), else what the final guard judged.
+            states = [s for _, _, s in reversed(self._verdicts) if s.action == "aborted"]
+            states += [] if guard is None else list(guard.choices.values())
+            signals = [s.verdict.signal for s in states if s.verdict is not None]
+            return f"coherence_guard:{signals[0]}" if signals else "coherence_guard"
+        if outcome == "client_disconnected":
+            return "client_disconnected"
+        if outcome != "upstream_error":
+            return None
+        if failure is not None:
+            return failure
+        if guard is not None and guard.error is not None:
+            return "engine_error"
+        return "incomplete"
 
     def _event(
         self, stage: StreamGuard, state: BlockState, expectation: Expectation

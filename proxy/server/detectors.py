@@ -18,14 +18,19 @@ class DetectorMaker:
     (:meth:`prepare`), while the engine works on the first token, so that building it (a few
     dozen µs) is not on the path of the first token to the client. Every detector it hands
     out is built from the same settings and holds no text yet: which one a block gets changes
-    no verdict."""
+    no verdict.
 
-    __slots__ = ("_config", "_rw", "_spare")
+    A guard asks for the first detector when the engine's first output chunk opens the first
+    block, so :attr:`on_first` (the request's trace, when traces are on) is told of that chunk
+    here, once, and no chunk pays for it."""
+
+    __slots__ = ("_config", "_rw", "_spare", "on_first")
 
     def __init__(self, proxy: Proxy, rw: Rewrite) -> None:
         self._config = proxy.detector_config
         self._rw = rw
         self._spare: Detector | None = None
+        self.on_first: Callable[[], None] | None = None
 
     def serves(self, rw: Rewrite) -> bool:
         """Whether this maker was made for ``rw`` (a request rewritten again after an engine's
@@ -40,6 +45,9 @@ class DetectorMaker:
                 self._spare = self._build()
 
     def __call__(self) -> Detector:
+        if self.on_first is not None:
+            self.on_first()
+            self.on_first = None
         spare, self._spare = self._spare, None
         return spare if spare is not None else self._build()
 

@@ -22,6 +22,11 @@ error is the answer the client would have had without the proxy.
 
 Pure parsing plus one small I/O class; llama.cpp and other engines that list no
 ``max_model_len`` (and accept any limit, stopping at the context's end) keep the default.
+
+The same list names the engine: each entry's ``owned_by`` is the server's own name (vLLM writes
+``vllm``, llama.cpp's server ``llamacpp``, SGLang ``sglang``). :func:`model_owner` reads it and
+:class:`EngineContexts` keeps it beside the contexts, so a span can say which engine answered
+(``gen_ai.provider.name``, :mod:`proxy.observability.tracing`) without a request of its own.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import orjson
@@ -50,23 +56,37 @@ LOOKUP_TIMEOUT = 2.0
 LOOKUP_USER_AGENT = "coherence-guard (model context look-up)"
 
 
-def model_contexts(body: bytes) -> dict[str, int]:
-    """``{id: max_model_len}`` of the entries of a ``/v1/models`` answer that list one."""
+def model_entries(body: bytes) -> list[dict[str, Any]] | None:
+    """The entries (objects) of an OpenAI ``/v1/models`` answer, or None if it is not one."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return {}
+        return None
     entries = data.get("data") if isinstance(data, dict) else None
     if not isinstance(entries, list):
-        return {}
+        return None
+    return [e for e in entries if isinstance(e, dict)]
+
+
+def model_contexts(body: bytes) -> dict[str, int]:
+    """``{id: max_model_len}`` of the entries of a ``/v1/models`` answer that list one."""
     out: dict[str, int] = {}
-    for entry in entries:
-        if not isinstance(entry, dict):
-            continue
+    for entry in model_entries(body) or ():
         name, length = entry.get("id"), entry.get("max_model_len")
         if isinstance(name, str) and type(length) is int and length > 0:
             out[name] = length
     return out
+
+
+def model_owner(body: bytes) -> str | None:
+    """The ``owned_by`` every entry of a ``/v1/models`` answer shares (the engine's name for
+    itself), or None when the entries disagree (a gateway in front of several engines), name
+    none, or the body is not a model list."""
+    owners = {e.get("owned_by") for e in model_entries(body) or ()}
+    if len(owners) != 1:
+        return None
+    owner = owners.pop()
+    return owner if isinstance(owner, str) and owner else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +163,9 @@ class EngineContexts:
         #: The only model's context, for requests that name no model (vLLM serves its one).
         self._only: int | None = None
         self._clock = clock
+        #: The engine's name for itself (``owned_by`` in its model list; :func:`model_owner`),
+        #: once a model list has been read.
+        self.owner: str | None = None
         self._looked_up = -RETRY_AFTER
         self._pending: asyncio.Future[None] | None = None
 
@@ -181,6 +204,7 @@ class EngineContexts:
             resp = await client.get(url, headers=asked, timeout=LOOKUP_TIMEOUT)
             if resp.status_code == 200:
                 self.update(model_contexts(resp.content))
+                self.owner = model_owner(resp.content) or self.owner
         except httpx.HTTPError as exc:
             log.debug("could not read the engine's model list: %s", exc)
         finally:

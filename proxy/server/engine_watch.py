@@ -35,10 +35,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import orjson
 
 from proxy.observability.metrics import Metrics
-from proxy.server.engine_context import EngineContexts, model_contexts
+from proxy.server.engine_context import (
+    EngineContexts,
+    model_contexts,
+    model_entries,
+    model_owner,
+)
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +148,8 @@ class EngineStatus:
     models: tuple[str, ...] | None = None
     #: Each listed model's ``max_model_len`` (vLLM lists it; other engines may not).
     contexts: Mapping[str, int] | None = None
+    #: The engine's name for itself in that list (``owned_by``: ``vllm``, ``llamacpp``, ...).
+    owner: str | None = None
 
 
 def _describe(exc: httpx.HTTPError) -> str:
@@ -156,14 +162,10 @@ def _describe(exc: httpx.HTTPError) -> str:
 
 def model_ids(body: bytes) -> tuple[str, ...] | None:
     """The ``id`` of each entry of an OpenAI ``/v1/models`` answer, or None if it is not one."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
+    entries = model_entries(body)
+    if entries is None:
         return None
-    entries = data.get("data") if isinstance(data, dict) else None
-    if not isinstance(entries, list):
-        return None
-    return tuple(e["id"] for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str))
+    return tuple(e["id"] for e in entries if isinstance(e.get("id"), str))
 
 
 def engine_status(
@@ -177,14 +179,18 @@ def engine_status(
         return EngineStatus(False, _describe(health))
     listed = model_ids(models_body) if models == 200 else None
     if health == 404 and models == 200:
-        return EngineStatus(True, "/v1/models 200 (no /health)", listed)
+        return EngineStatus(
+            True, "/v1/models 200 (no /health)", listed, owner=model_owner(models_body)
+        )
     if health >= 400:
         return EngineStatus(False, f"/health answered {health}")
     if isinstance(models, httpx.HTTPError):
         return EngineStatus(True, f"/health {health}; /v1/models failed: {_describe(models)}")
     if models != 200 or listed is None:
         return EngineStatus(True, f"/health {health}; /v1/models answered {models}")
-    return EngineStatus(True, f"/health {health}", listed, model_contexts(models_body))
+    return EngineStatus(
+        True, f"/health {health}", listed, model_contexts(models_body), model_owner(models_body)
+    )
 
 
 async def probe_engine(
@@ -313,8 +319,10 @@ class EngineMonitor:
         if status.models is not None:
             self.models = status.models
             self._metrics.set_engine_models(status.models)
-        if status.contexts is not None and self._contexts is not None:
-            self._contexts.update(status.contexts)
+        if self._contexts is not None:
+            if status.contexts is not None:
+                self._contexts.update(status.contexts)
+            self._contexts.owner = status.owner or self._contexts.owner
 
 
 async def watch_engine(

@@ -105,7 +105,8 @@ class Exchange:
         self.head_sent = False
         #: The body being relayed is an SSE stream (an error can still be an event).
         self.sse_body = False
-        self.upstream_failed = False
+        #: What failed upstream, if anything: its kind or the engine's status (``error.type``).
+        self.failure: str | None = None
         self.client_continuous = False
         self.client_body: Any = None
         #: The largest limit the engine accepts (the model's context), when known.
@@ -144,7 +145,7 @@ class Exchange:
             try:
                 resp = await proxy.fast.post(path, headers, orjson.dumps(self.rw.body))
             except UpstreamFailure as exc:
-                upstream_failed(proxy.metrics, exc.kind)
+                self.failure = upstream_failed(proxy.metrics, exc.kind)
                 await self._error(exc.error)
                 return None
             usage = retry_usage and self._injected_usage()
@@ -168,7 +169,7 @@ class Exchange:
                 self._fit(error)
                 retry_limit = False
                 continue
-            upstream_failed(proxy.metrics, "status", resp.status_code)
+            self.failure = upstream_failed(proxy.metrics, "status", resp.status_code)
             await self._relay_body(resp, body)
             return None
 
@@ -207,7 +208,7 @@ class Exchange:
         try:
             return await resp.aread()
         except UpstreamFailure as exc:
-            upstream_failed(self.proxy.metrics, exc.kind)
+            self.failure = upstream_failed(self.proxy.metrics, exc.kind)
             await self._error(exc.error)
             return None
         finally:
@@ -219,7 +220,6 @@ class Exchange:
 
     async def _error(self, error: GuardError) -> None:
         self.status = error.status
-        self.upstream_failed = True
         self.head_sent = True
         await send_error(self.send, error, scope_headers(self.scope), path=self.scope["path"])
 
@@ -251,8 +251,7 @@ class Exchange:
         except UpstreamFailure as exc:
             # The engine cut its answer: the surface's error event on a stream, then a cut
             # body (never the clean end of a complete one; docs/failures.md).
-            upstream_failed(self.proxy.metrics, exc.kind)
-            self.upstream_failed = True
+            self.failure = upstream_failed(self.proxy.metrics, exc.kind)
             if self.sse_body:
                 await self.send_body(failure_event(self.protocol, exc.error), watch)
             watch.cancellable = False
@@ -270,13 +269,13 @@ class Exchange:
             return
         try:
             if resp.status_code != 200:
-                upstream_failed(self.proxy.metrics, "status", resp.status_code)
+                self.failure = upstream_failed(self.proxy.metrics, "status", resp.status_code)
                 await self._relay_stream(resp, watch)
                 return
             if self.rw.body.get("stream") and not is_sse(resp.headers):
                 # Not a stream: buffering it to EOF to find out what it is would hold the
                 # request for as long as the engine likes; the client gets a clear 502 now.
-                upstream_failed(self.proxy.metrics, "protocol")
+                self.failure = upstream_failed(self.proxy.metrics, "protocol")
                 await self._error(
                     UpstreamError(
                         "The upstream answered a streaming request without an event stream.",
@@ -289,7 +288,7 @@ class Exchange:
                 return
             guard = self.guard = self._make_guard()
             if self.trace is not None:
-                self.trace.watch(guard)
+                self.trace.watch(guard, self.detectors)
             if isinstance(guard, HealGuard):
                 resp = await run_heal(self, resp, guard, watch)
                 return
@@ -327,7 +326,7 @@ class Exchange:
         )
         maker = self.detectors
         if maker is None or not maker.serves(self.rw):
-            maker = DetectorMaker(self.proxy, self.rw)
+            maker = self.detectors = DetectorMaker(self.proxy, self.rw)
         if heal:
             # A constrained answer (only non-streamed ones reach here) is asked again whole.
             restart = constrained(self.rw.body)
@@ -374,8 +373,7 @@ class Exchange:
                 if out and stream:
                     await self.send_body(out, watch)
         except UpstreamFailure as exc:
-            upstream_failed(self.proxy.metrics, exc.kind)
-            self.upstream_failed = True
+            self.failure = upstream_failed(self.proxy.metrics, exc.kind)
             out = guard.upstream_failed(exc.error)
             if stream:
                 await self.send_body(out, watch)
@@ -480,7 +478,7 @@ class Exchange:
     async def deadline(self) -> None:
         """GUARD_REQUEST_DEADLINE passed (the upstream is closed already): end the answer."""
         error = deadline_error()
-        self.upstream_failed = True
+        self.failure = "deadline"
         if not self.head_sent:
             await self._error(error)
             return

@@ -124,13 +124,13 @@ class Guarded:
             call.trace = proxy.tracing.start(
                 headers,
                 endpoint=self.endpoint,
-                model=rw.model,
-                max_tokens=rw.max_tokens,
+                rw=rw,
+                body=body,
                 mode=mode,
-                stream=rw.client_stream,
                 started=started,
                 request_id=scope.get(REQUEST_ID),
                 path=route,
+                engine=proxy.contexts.owner,
             )
         call.heal = self.heal
         call.client_body = body

@@ -43,7 +43,7 @@ def finish(call: Exchange, *, client_gone: bool) -> None:
             "client_disconnected"
             if client_gone
             else "upstream_error"
-            if call.upstream_failed or call.status >= 400
+            if call.failure is not None or call.status >= 400
             else "completed"
         )
         choices = []
@@ -54,7 +54,12 @@ def finish(call: Exchange, *, client_gone: bool) -> None:
         trace_id = trace.trace_id
         status = 499 if client_gone else call.status
         trace.end(
-            guard, outcome=outcome, choices=choices, expectation=call.rw.expectation, status=status
+            guard,
+            outcome=outcome,
+            choices=choices,
+            rw=call.rw,
+            status=status,
+            failure=call.failure,
         )
     # Heal counts first: a generation recorded means its heal counts are there too.
     if isinstance(guard, HealGuard) and (guard.attempt > 0 or guard.gave_up):

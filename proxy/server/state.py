@@ -52,7 +52,7 @@ class Proxy:
         #: (proxy/server/engine_context.py).
         self.contexts = EngineContexts()
         #: OpenTelemetry traces (``None``: off, the default; see proxy/observability/tracing.py).
-        self.tracing = Tracing.from_env(log_text=settings.log_text)
+        self.tracing = Tracing.from_env(log_text=settings.log_text, upstream_url=self.engine_url)
         #: The detector's data, loaded beside serving (started by the app's lifespan).
         self.preload = Preload(preload_steps(settings, detector_config))
         self.bounds = Bounds(

@@ -302,15 +302,18 @@ class ResendIdempotent(httpx.AsyncBaseTransport):
         await self._inner.aclose()
 
 
-def upstream_failed(metrics: Metrics, kind: str, status: int = 0) -> None:
-    """Count and log an upstream failure (never any text; the request id is in the context).
+def upstream_failed(metrics: Metrics, kind: str, status: int = 0) -> str:
+    """Count and log an upstream failure (never any text; the request id is in the context);
+    returns what failed, as a span's ``error.type`` names it: the kind, or the engine's status.
 
     An engine 4xx is the client's mistake relayed (info); 5xx, timeouts and broken
     connections are the deployment's problem (warning)."""
     metrics.upstream_error(kind)
     if not status:
         log.warning("upstream failed (kind=%s)", kind)
-    elif status >= 500:
+        return kind
+    if status >= 500:
         log.warning("upstream answered %d", status)
     else:
         log.info("upstream answered %d", status)
+    return str(status)

@@ -4,10 +4,11 @@ Real parts only: llama.cpp's server with SmolLM2 (greedy-decoding the long numbe
 loops for real), ``coherence-guard serve`` in front of it with traces on through the SDK's own
 ``OTEL_EXPORTER_OTLP_ENDPOINT``, and Arize Phoenix (``arize-phoenix`` from PyPI, installed by
 ``.ci/run`` into its own environment) receiving OTLP/HTTP at ``/v1/traces``. What Phoenix holds,
-read back through its REST API: one trace, the client's, with the guard's span under the client's
-span and the verdict as its event; and the request the engine got (read off a TCP tap between
-the proxy and the engine) carries a ``traceparent`` naming the guard's span, so the engine's own
-spans (vLLM with ``--otlp-traces-endpoint``) sit under it.
+read back through its REST API: one trace, the client's, with the request's span under the
+client's span, the guard's model call (named by the engine it found: llama.cpp) under that, and
+the verdict as the model call's event; and the request the engine got (read off a TCP tap
+between the proxy and the engine) carries a ``traceparent`` naming the model call, so the
+engine's own spans (vLLM with ``--otlp-traces-endpoint``) sit under it.
 """
 
 from __future__ import annotations
@@ -97,14 +98,18 @@ def test_loop_traced_into_phoenix(
         tap.close()
 
     deadline = time.monotonic() + 30
-    while not (spans := phoenix_spans(phoenix)):
-        assert time.monotonic() < deadline, "Phoenix has no span of the trace"
+    while len(spans := phoenix_spans(phoenix)) < 2:
+        assert time.monotonic() < deadline, f"Phoenix has {len(spans)} spans of the trace"
         time.sleep(0.5)
-    (span,) = spans
-    assert span["name"] == f"chat {model_name}"
-    assert span["parent_id"] == CLIENT_SPAN
+    by_name = {s["name"]: s for s in spans}
+    assert by_name.keys() == {"POST /v1/chat/completions", f"chat {model_name}"}
+    server, span = by_name["POST /v1/chat/completions"], by_name[f"chat {model_name}"]
+    assert server["parent_id"] == CLIENT_SPAN
+    assert span["parent_id"] == server["context"]["span_id"]
     a = span["attributes"]
     assert a["gen_ai.request.model"] == model_name
+    assert a["gen_ai.provider.name"] == "llama.cpp"
+    assert a["error.type"] in ("coherence_guard:repetition", "coherence_guard:token-flood")
     assert a["coherence_guard.outcome"] == "aborted"
     assert a["gen_ai.response.finish_reasons"] == ["content_filter"]
     (event,) = [e for e in span["events"] if e["name"] == "coherence_guard.verdict"]

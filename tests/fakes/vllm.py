@@ -118,6 +118,9 @@ class FakeVLLM:
         self._writers: set[asyncio.StreamWriter] = set()
         #: Whether /v1/models lists the script's ``max_model_len`` (vLLM does).
         self.list_max_model_len = True
+        #: The ``owned_by`` of its /v1/models entries: the engine's name for itself (vLLM's
+        #: ``vllm``; llama.cpp's server writes ``llamacpp``).
+        self.owned_by = "vllm"
 
     @property
     def url(self) -> str:
@@ -241,7 +244,11 @@ class FakeVLLM:
         if path == "/health":
             return self._send(writer, 200, b"", "text/plain")
         if path == "/v1/models":
-            entry: dict[str, Any] = {"id": self.script.model, "object": "model", "owned_by": "vllm"}
+            entry: dict[str, Any] = {
+                "id": self.script.model,
+                "object": "model",
+                "owned_by": self.owned_by,
+            }
             if self.script.max_model_len is not None and self.list_max_model_len:
                 entry["max_model_len"] = self.script.max_model_len
             return self._send(writer, 200, orjson.dumps({"object": "list", "data": [entry]}))
