@@ -34,7 +34,10 @@ OUT = Path(__file__).resolve().parent.parent / "proxy" / "core" / "language_name
 #: Member languages named apart from the macrolanguage the detector answers with.
 MEMBERS = {"fil": "tl", "cmn": "zh", "nb": "no", "zsm": "ms", "arb": "ar", "pes": "fa"}
 #: Names no data set lists, each checked against a dictionary (Spanish "castellano" is Spanish).
-EXTRA = {"castellano": "es", "mandarin": "zh", "putonghua": "zh", "普通话": "zh", "普通話": "zh"}
+EXTRA = {
+    "castellano": "es", "mandarin": "zh", "putonghua": "zh", "普通话": "zh", "普通話": "zh",
+    "bahasa": "id",  # what English speakers call Indonesian ("Answer in Bahasa, please")
+}  # fmt: skip
 #: Czech and Slovak write the language as an adverb ("odpověz česky"): forms no data set lists.
 ADVERBS = {
     "česky": "cs", "anglicky": "en", "německy": "de", "francouzsky": "fr", "španělsky": "es",
@@ -87,6 +90,13 @@ def variants(name: str, phrase: str) -> set[str]:
             out.add(form.replace("\u0928\u094d", "\u0902"))  # हिन्दी -> हिंदी
     if phrase == "th" and not name.startswith("ภาษา"):
         out.add("ภาษา" + name)
+    if phrase == "fi" and " " not in name:
+        # the translative, "into / in X" (ruotsiksi, englanniksi, suomeksi): a language's form
+        # alone, where the name itself is also the country's (Ruotsi)
+        stem = re.sub(r"nti$", "nni", re.sub(r"mi$", "me", name))
+        out.add(stem + "ksi")
+    if phrase == "et" and name.endswith(" keel"):
+        out.update({name + "es", name + "de"})  # "soome keeles", "inglise keelde"
     if phrase == "ar":
         for form in list(out):
             out.add(re.sub("[إأآ]", "ا", form))
@@ -150,8 +160,9 @@ def build() -> dict[str, object]:
     by_language: dict[str, dict[str, str]] = {p: {} for p in PHRASE_LANGUAGES}
     own: dict[str, str] = {}
     other: dict[str, tuple[str, str]] = {}  # name -> (code, the language it is written in)
-    # The major languages' names in every other judged language ("angol" is English in
-    # Hungarian): read in any text, only ever to widen what is accepted.
+    # Every judged language's names in every other judged language ("angol" is English in
+    # Hungarian, "ruotsi" Swedish in Finnish): read in any text, only ever to widen what is
+    # accepted.
     major: dict[str, tuple[str, str]] = {}
     for phrase in (*PHRASE_LANGUAGES, *sorted(JUDGED)):
         trie = language_tries.get(phrase)
@@ -165,7 +176,7 @@ def build() -> dict[str, object]:
                 for form in variants(key, phrase):
                     own.setdefault(form, code)
             if phrase not in PHRASE_LANGUAGES:
-                if code in PHRASE_LANGUAGES:
+                if code in JUDGED:
                     for form in variants(key, phrase):
                         major.setdefault(form, (code, phrase))
                 continue
@@ -250,11 +261,12 @@ def build() -> dict[str, object]:
                 and not any(minor_common(name, code, w) for w in wordlists)
             ):
                 anywhere.setdefault(name, code)
-    for name, (code, home) in major.items():
+    for name, (code, _home) in major.items():
         if (
             name not in anywhere
             and name not in all_places
-            and not common_elsewhere(name, code, home)
+            and name not in REGIONS
+            and not any(minor_common(name, code, w) for w in wordlists)
         ):
             anywhere[name] = code
     unjudged = sorted(
@@ -264,6 +276,26 @@ def build() -> dict[str, object]:
         and n not in all_places
         and not any(zipf(n, w) >= VERY_COMMON_ZIPF for w in wordlists)
     )
+    # A minor language's name that the name finder would read as the stem of a place's name with
+    # a case ending ("sardini" + "a"): left out, as the place is. (A major language's keeps its
+    # name: "frans" is French in Dutch, though "Fransa" is France in Turkish.)
+    from proxy.core.language_mentions import LATIN_TAILS
+
+    stems = {
+        place[: -len(tail)]
+        for place in all_places
+        for tail in LATIN_TAILS
+        if place.endswith(tail) and len(place) > len(tail) + 4
+    }
+
+    def stemmed_place(name: str, code: str) -> bool:
+        return name in stems and name not in canonical and code not in PHRASE_LANGUAGES
+
+    anywhere = {n: c for n, c in anywhere.items() if not stemmed_place(n, c)}
+    by_language = {
+        phrase: {n: c for n, c in found.items() if not stemmed_place(n, c)}
+        for phrase, found in by_language.items()
+    }
     tags = {alias: code for alias, code in MEMBERS.items()}
     tags.update({"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "mo": "ro"})
     return {

@@ -14,7 +14,7 @@ import re
 from typing import Literal, NamedTuple
 
 from proxy.core.language_mentions import Name, find_names, widens
-from proxy.core.language_names import UNJUDGED
+from proxy.core.language_names import UNJUDGED, resolve
 from proxy.core.prompt_language import prose
 
 _SENTENCE = re.compile(r"[^.!?;\n。！？；]+[.!?;。！？；]*")
@@ -37,6 +37,20 @@ _NEGATION = re.compile(
     r"|मत|नहीं|όχι|μην|μη|except|besides|excepto|sauf|außer|ausser|tranne|кроме|крім|oprócz"
     r"|kecuali|trừ)(?![\w'])"
     r"|不要|不用|别|別|勿|不能|不得|避免|禁止|不可|千万别|千萬別"
+)
+# A language named to be ruled out, without a directive: "英語ではなく、日本語で",
+# "영어 말고 한국어로", "not in English but in French", "geen Engels, gewoon in het Nederlands",
+# "nicht auf Englisch, sondern …": the name is negated.
+_RULED_OUT_AFTER = re.compile(
+    r"^\s*(?:ではなく|じゃなくて|じゃなく|でなく|말고|가 아니라|이 아니라|而不是)"
+)
+_CONTRAST = re.compile(
+    r"^\s*(?:[,;.—–-]|$|(?:but|sino|mais|sondern|ma|mas|gewoon|just|please|alsjeblieft|bitte"
+    r"|por favor|s'il)(?![\w]))"
+)
+_RULED_OUT_BEFORE = re.compile(
+    r"(?<![\w])(?:not|no|geen|kein\w*|nicht|pas|non|não|nie|не|ні)\s+(?:(?:in|en|em|auf|in het|на"
+    r"|po|w)\s+)?(?:the\s+)?$"
 )
 # Negation written after the name: Japanese, Korean, Turkish, Hindi.
 _NEGATION_AFTER = re.compile(
@@ -61,7 +75,8 @@ _CONDITION = re.compile(
     r"|a meno che|stessa lingua|qualsiasi altra|als|indien|tenzij|anders|om|hvis|jos|ha|gärna"
     r"|если|иначе|когда|в зависимости|том же языке|любом другом|можно|якщо|інакше|коли|можна"
     r"|jeśli|jeżeli|gdy"
-    r"|chyba że|eğer|yoksa|aksi|jika|kalau|bila|kecuali|boleh|nếu|trừ khi|إذا|اذا|لو|وإلا|عندما"
+    r"|chyba że|eğer|yoksa|değilse|\w{3,}(?:ysa|yse)|\w+[ae]bilirsin|aksi|jika|kalau|bila"
+    r"|kecuali|boleh|nếu|trừ khi|إذا|اذا|لو|وإلا|عندما"
     r"|अगर|यदि|वरना)(?![\w])"
     r"|如果|若是|假如|要是|否则|否則|除非|的话|的話|根据|根據|其他语言|其他語言|其他情况|其他情況|也可以"
     r"|もし|場合|なら|以外|만약|경우|아니면|도 돼|도 괜찮"
@@ -80,8 +95,25 @@ _FOLLOWS_USER = re.compile(
     r"|mismo idioma|idioma del (?:usuario|cliente)|même langue"
     r"|langue (?:de l'utilisateur|du client)"
     r"|gleichen sprache|sprache des (?:nutzers|kunden|benutzers)|stessa lingua|lingua dell'utente"
-    r"|mesmo idioma|idioma do (?:usuário|cliente)|том же языке|языке пользователя)(?![\w])"
+    r"|mesmo idioma|idioma do (?:usuário|cliente)|том же языке|языке пользователя"
+    # an exception to a rule, in another sentence ("Exception: if the student writes HELP, …")
+    r"|exceptions?|except (?:when|if|for)|excepto (?:si|cuando)|sauf (?:si|quand)|außer wenn"
+    # a rule for teaching a language: corrections and explanations come in the learner's
+    r"|tutor\w*|correct (?:my|me|the student)|my mistakes|language learners?)(?![\w])"
     r"|同じ言語|相同的语言|相同语言|用户的语言|用戶的語言|같은 언어"
+)
+# A language the request asks for without naming it: "reply in my native language", "in her
+# mother tongue", "en mi idioma". Which one cannot be known: no expectation.
+_UNNAMED = re.compile(
+    r"(?<![\w])(?:in|into|using)\s+(?:my|her|his|their|our)\s+(?:own\s+|native\s+|mother\s+"
+    r"|first\s+|home\s+)?(?:language|tongue)|en\s+(?:mi|su)\s+(?:propio\s+|lengua\s+)?(?:idioma"
+    r"|lengua)|dans\s+(?:ma|sa)\s+langue|in\s+(?:meiner|seiner|ihrer)\s+(?:mutter)?sprache"
+    r"|nella\s+(?:mia|sua)\s+lingua|na\s+minha\s+l[íi]ngua|用我的母语|用我的语言"
+)
+# A locale in an operator's data ("locale": "ja-JP", lang=pt_BR): the language it names.
+_LOCALE = re.compile(
+    r"(?<![\w])(?:locale|lang(?:uage)?(?:_code)?)[\"']?\s*[:=]\s*[\"']?([a-z]{2,3})(?:[-_][a-z0-9]{2,8})*"
+    r"(?![\w])"
 )
 # "Any language", "whatever language you like", "будь-якою мовою": the answer may be in any.
 _ANY_LANGUAGE = re.compile(
@@ -114,6 +146,10 @@ _BEFORE_CHECKED: tuple[re.Pattern[str], ...] = tuple(
         + _STYLE,
         r"(?<![\w])(?:switch|change|go)\s+(?:back\s+)?(?:over\s+)?to\s+(?:the\s+)?",
         r"(?<![\w])(?:use|using)\s+(?:only\s+)?",
+        # "in simple Hindi", "in formal Japanese": a style of language, so a language, whatever
+        # the verb ("Explain photosynthesis in simple Hindi")
+        r"(?<![\w])in\s+(?:simple|plain|easy|basic|everyday|formal|informal|polite|casual"
+        r"|proper|correct|standard|fluent|natural|clear|very\s+simple)\s+",
         # "explain it in X", "tell me this in X": the object is what is said, not a subject
         r"(?<![\w])(?:explain|describe|summari[sz]e|say|tell|repeat|rephrase|put)\s+(?:it|this"
         r"|that|them|everything|all\s+of\s+(?:it|this))(?:\s+(?:again|to\s+me|to\s+us|for\s+me"
@@ -193,7 +229,7 @@ _AFTER = re.compile(
     r"^(?:来|來)?(?:回答|回复|回覆|作答|答复|答覆|答|写|寫|说|說|交流|输出|輸出|表达|表達|解释|解釋|讲|講"
     r"|聊|对话|對話)"
     r"|^(?:のみ|だけ)?で(?:の)?(?:回答|答え|返信|返答|書い|書き|話し|説明|お願い|応答|記述|お答え)"
-    r"|^(?:로만|으로만|로|으로)\s*(?:만\s*)?(?:답|대답|답변|응답|말|써|작성|설명|얘기|이야기)"
+    r"|^(?:로만|으로만|로|으로)\s*(?:만\s*)?(?:답|대답|답변|응답|말|써|작성|설명|얘기|이야기|해)"
     r"|^(?:'?\w{0,4})?\s+(?:olarak\s+|dilinde\s+)?(?:cevap|yanıt|yanit|yaz|konuş|cevapla|yanıtla)"
     r"|^\s+में\s+(?:ही\s+)?(?:जवाब|उत्तर|लिख|बात|बोल|दें|दो|दीजिए|दीजिये)"
     r"|^\s+(?:پاسخ|جواب|بنویس)"
@@ -207,7 +243,8 @@ _BEFORE_FA = re.compile(r"(?:به\s+)?(?:زبان\s+)?$")
 _FOLLOW = re.compile(
     r"^(?:$|[\s]*[,:;.!?)\"'»“”–—(]|\s+(?:please|pls|plz|only|language|and|or|then|so|from"
     r"|too|also|even|again|instead|as|not|no|rather|but|if|here|below|always|throughout"
-    r"|for\s+(?:all|every|each|your|the\s+rest)|in\s+(?:all|every|each|your)|at\s+all"
+    r"|for\s+(?:all|every|each|your|this|the\s+rest|the\s+whole)|in\s+(?:all|every|each|your)"
+    r"|at\s+all|with\s+(?:me|us)"
     r"|thanks|thank|going|por|favor|porfa|solo|solamente|s'il|stp|svp|seulement|bitte|nur"
     r"|und|per|soltanto|apenas|só|язык\w*|мовою|только|лише|тільки|пожалуйста|будь|proszę"
     r"|prosím|tack|lütfen|tolong|ya|saja|nhé|nha|ạ|và|y|e|et|o|ou|oder|of|или|або|lub|nebo"
@@ -217,6 +254,8 @@ _FOLLOW = re.compile(
 # "Not in English", "en español por favor", "auf Deutsch bitte".
 _OWN_PREFIX = re.compile(
     r"^(?:(?:and|but|also|then|y|e|et|und|и|і|αλλά|ma|mais|aber|pero|mas|но|але|ale|maar|men)\s+)?"
+    r"(?:(?:switch|go|come|let's\s+go)\s+)?(?:back\s+to\s+)?"
+    r"(?:(?:just|simply|gewoon|einfach|simplement|просто)\s+)?"
     r"(?:(?:please|pls|plz|kindly|only|just|all"
     r"|por\s+favor|s'il\s+te\s+pla[iî]t|bitte|per\s+favore|пожалуйста|not|no|non|nicht|pas"
     r"|όχι|не|nie|ne|não|nem)\s+)*"
@@ -256,7 +295,7 @@ _ABOUT = re.compile(
     r"|greet|address|call|express|spell|pronounce))(?![\w])"
 )
 _TRANSLATE = re.compile(
-    r"(?<![\w])(?:translat|trad[uú]c|tradui|übersetz|ubersetz|tradu[cz]|terjemah|dịch|çevir"
+    r"(?<![\w])(?:translat|tafsiri|trad[uú]c|tradui|übersetz|ubersetz|tradu[cz]|terjemah|dịch|çevir"
     r"|cevir|перевед|переве|перекла)|翻译|翻譯|翻訳|번역|अनुवाद|ترجم"
 )
 # A translation whose answer is nothing but the translation.
@@ -267,6 +306,8 @@ _ONLY_TRANSLATION = re.compile(
     r"|(?:output|return|reply\s+with)\s+(?:only\s+)?the\s+translat\w*(?:\s+only)?)(?![\w])"
 )
 _TARGET = re.compile(r"(?<![\w])(?:into|to|in)\s+(?:the\s+)?" + _STYLE + r"$")
+# A name that is itself an adverb of the language: Turkish "Türkçe", Czech "česky".
+_SELF_MARKED = re.compile(r"(?:ca|ce|ça|çe|sky)$")
 # A mention in a marked form ("in X", "into X", "auf X", "用X"): a language the detector
 # cannot judge named so turns judging off (a Zulu answer must never be judged as English).
 _MARKED = re.compile(
@@ -285,7 +326,8 @@ class Reading(NamedTuple):
     languages it asks the answer not to be in; ``named``: every language it mentions (only ever
     added to what is accepted; ``?`` when a language the detector cannot judge is named in a
     marked form); ``untargeted``: it asks for a translation and names no language, or lets the
-    answer be in any language.
+    answer be in any language; ``rules``: it says anything about the answer's language at all
+    (names one, or follows the user's).
     """
 
     asked: frozenset[str]
@@ -293,6 +335,7 @@ class Reading(NamedTuple):
     named: frozenset[str]
     untargeted: bool
     any_language: bool = False
+    rules: bool = False
 
 
 def read(text: str, language: str | None = None) -> Reading:
@@ -323,26 +366,67 @@ def read(text: str, language: str | None = None) -> Reading:
     for sentence in _SENTENCE.finditer(prose_text):
         clause = " ".join(sentence[0].split())
         found = find_names(clause)
-        if not found or _WH.match(clause) or _CONDITION.search(_CONCESSION.sub(" ", clause)):
-            continue  # a sentence whose rule is conditional only names its languages
+        if not found or _WH.match(clause):
+            continue
         here: dict[str, set[str]] = {"asked": set(), "negated": set()}
+        # A name inside a concession ("even if the customer writes in English") asks nothing.
+        conceded = [m.span() for m in _CONCESSION.finditer(clause)]
         for name in found:
+            if any(a <= name.start < b for a, b in conceded):
+                continue
+            # A rule made conditional where it stands only names its language; a condition in
+            # the question after a colon ("Answer in Spanish: what if …?") is the question's.
+            colon = clause.find(":", name.end)
+            rule = clause[: colon if colon >= 0 else len(clause)]
+            if _CONDITION.search(_CONCESSION.sub(" ", rule)):
+                continue
             bound = _binds(clause, name)
+            if bound is None and _ruled_out(clause, name):
+                bound = "negated"
             if bound is not None:
                 here[bound].add(name.code)
         negated |= here["negated"]
-        # A sentence that also names another language it does not rule out asks for both
-        # ("write a story in Spanish, then explain it in English"): it narrows nothing.
-        if not {n.code for n in found} - here["asked"] - here["negated"]:
+        # A sentence that also asks for another language, in a marked form it does not rule out,
+        # asks for both ("write a story in Spanish, then explain it in English"): it narrows
+        # nothing. A name that is only a subject ("my English is not so good") asks nothing.
+        others = {
+            n.code
+            for n in found
+            if _MARKED.search(clause[: n.start]) and not any(a <= n.start < b for a, b in conceded)
+        }
+        if not others - here["asked"] - here["negated"]:
             asked |= here["asked"]
     if conditional:
         asked.clear()
         negated.clear()
     if not asked and _ONLY_TRANSLATION.search(prose_text):
         asked |= _translation_targets(prose_text)
-    any_language = bool(_ANY_LANGUAGE.search(prose_text))
+    any_language = bool(_ANY_LANGUAGE.search(prose_text) or _UNNAMED.search(prose_text))
+    for tag in _LOCALE.finditer(low):
+        code = resolve(tag[1])
+        if code is not None:
+            named.add(code)
     untargeted = any_language or (not named and _TRANSLATE.search(low) is not None)
-    return Reading(frozenset(asked), frozenset(negated), frozenset(named), untargeted, any_language)
+    rules = bool(named or asked or negated or conditional or any_language)
+    return Reading(
+        frozenset(asked), frozenset(negated), frozenset(named), untargeted, any_language, rules
+    )
+
+
+def _ruled_out(clause: str, name: Name) -> bool:
+    """A language named only to be ruled out: "not in English, but …", "英語ではなく"."""
+    if _RULED_OUT_AFTER.match(clause[name.end : name.end + 8]):
+        return True
+    if not _RULED_OUT_BEFORE.search(clause[max(0, name.start - 20) : name.start]):
+        return False
+    after = clause[name.end : name.end + 30]
+    return bool(
+        re.match(
+            r"^\s*(?:[,;.—–-]|but\b|sino\b|mais\b|sondern\b|ma\b|mas\b|gewoon\b|"
+            r"just\b|please\b|$)",
+            after,
+        )
+    )
 
 
 def _translation_targets(text: str) -> set[str]:

@@ -19,7 +19,7 @@ _WORD = re.compile(
 _UNSPACED = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u0e00-\u0e7f]")
 _LATIN_CYRILLIC = re.compile(r"^[a-zß-ɏḀ-ỿ\u0400-\u052f]+$")
 # Case endings a Latin-script name may take ("ins Englische", "po angielsku", "v angličtině").
-_LATIN_TAILS = frozenset((
+LATIN_TAILS = frozenset((
     "e", "en", "er", "es", "em", "a", "as", "o", "os", "u", "ą", "ie", "im", "iego", "ej",
     "ou", "ě", "ině", "ého", "ým", "ii", "ul", "ül", "ra", "re",
 ))  # fmt: skip
@@ -105,7 +105,7 @@ def _lookup(clause: str, words: list[re.Match[str]], i: int, codes: dict[str, st
             continue
         if hangul:  # 영어로, 한국어로: the particle is the mark
             return Name(start, start + len(stem), codes[stem], False, stem)
-        if cyrillic or tail in _LATIN_TAILS:
+        if cyrillic or tail in LATIN_TAILS:
             return Name(start, end, codes[stem], True, stem)
     return None
 

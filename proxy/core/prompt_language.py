@@ -53,8 +53,10 @@ _RUSSIAN_WORDS = frozenset(
      "когда", "ты", "мне", "ли", "зачем", "сколько", "кто")
 )  # fmt: skip
 # Letters only Vietnamese uses among the languages people write to models in.
-_VIETNAMESE = re.compile(r"[\u1ea0-\u1ef9ơưƠƯ]")
-_ACCENTED = re.compile(r"[^\W\da-zA-Z_]")
+# (Not the dot below alone: Yoruba writes ọ and ẹ too.)
+_VIETNAMESE = re.compile(
+    "[ơưăđƠƯĂĐấầẩẫậắằẳẵặếềểễệốồổỗộớờởỡợứừửữựảẻỉỏủỷẤẦẨẪẬẮẰẲẴẶẾỀỂỄỆỐỒỔỖỘỚỜỞỠỢỨỪỬỮỰẢẺỈỎỦỶ]"
+)
 #: Any letter of the scripts above: a prompt with none of them (most are Latin-script) skips
 #: their counts, which could only come out zero.
 _SCRIPTED = re.compile(
@@ -92,7 +94,7 @@ def prompt_language(text: str) -> str | None:
         code = _scripted(clean, len(letters))
         if code is not _LATIN:
             return code
-    if _VIETNAMESE.search(clean) and len(_ACCENTED.findall(clean)) >= 2:
+    if len(_VIETNAMESE.findall(clean)) >= 2:
         return "vi"
     return _identified(clean, None, words=True)
 
@@ -186,9 +188,35 @@ _ENGLISH_WORDS = frozenset((
     "let's", "you're", "that's", "easy", "help",
 ))  # fmt: skip
 _LATIN_WORD = re.compile(r"[a-z']+")
+_WIDE = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af\uf900-\ufaff]")
 _LATIN_RUN = re.compile(r"[A-Za-z\u00c0-\u024f'’]+(?:[\s,.;:!?-]+[A-Za-z\u00c0-\u024f'’]+)*")
-# Arabic written in Latin letters and digits ("3afak", "n9der", "7abibi"): Arabic too.
+# Hindustani written in Latin letters (Hinglish, Roman Urdu): words no other language writes as
+# often. Two of them make Hindi, Urdu and English languages of the turn.
+_ROMAN_HINDUSTANI = frozenset((
+    "hai", "hain", "nahi", "nahin", "kya", "kyu", "kyun", "mera", "meri", "mere", "mujhe",
+    "tum", "aap", "hum", "kaise", "kaisa", "karu", "karo", "karna", "kar", "raha", "rahi",
+    "rahe", "tha", "thi", "bhai", "yaar", "acha", "achha", "accha", "kitna", "kitne", "batao",
+    "bata", "sakte", "sakta", "chahiye", "matlab", "lekin", "aur", "bhi", "abhi", "kuch",
+    "kab", "kahan", "wala", "wali", "hoga", "hogi", "agar", "toh", "woh", "yeh",
+))  # fmt: skip
+# Arabic written in Latin letters and digits ("3afak", "n9der", "7abibi"): Arabic too (one such
+# word is enough to widen; "b2b" in an English turn only adds a language).
 _ARABIZI = re.compile(r"\b[a-z]*[a-z][235679][a-z]+\b|\b[235679][a-z]{2,}\b")
+
+
+def _mixed_foreign(clean: str, main: str) -> set[str]:
+    """Other languages' words mixed into a Latin-script turn (see
+    :func:`proxy.detect.word_language.mixed_languages`)."""
+    from proxy.detect.word_language import mixed_languages
+
+    return {_MERGED.get(c, c) for c in mixed_languages(clean, main)}
+
+
+def _mixed_english(clean: str, main: str | None) -> bool:
+    """English words mixed into a turn in another language (code-switching): two or more."""
+    from proxy.detect.word_language import english_words
+
+    return english_words(clean, main) >= 2
 
 
 def prose(text: str) -> str:
@@ -220,17 +248,31 @@ def turn_languages(text: str) -> tuple[str | None, frozenset[str]]:
             if prob >= _ALTERNATIVE and len(code) == 2:
                 out.add(_MERGED.get(code, code))
     low = clean.lower()
-    if len(_ENGLISH_WORDS.intersection(_LATIN_WORD.findall(low))) >= 2:
+    if "en" not in out and (
+        len(_ENGLISH_WORDS.intersection(_LATIN_WORD.findall(low))) >= 2
+        # English words mixed into a turn whose own language is known (with none known, they
+        # would make English the only language accepted: "un script PowerShell … la date")
+        or (main is not None and _mixed_english(strip_noise(own) or clean, main))
+    ):
         out.add("en")
-    if len(_ARABIZI.findall(text.lower())) >= 2:
-        out.add("ar")
+    words = set(_LATIN_WORD.findall(low))
+    if len(_ROMAN_HINDUSTANI & words) >= 2:
+        out |= {"hi", "ur", "en"}  # Hinglish and Roman Urdu mix in English as a rule
+    if _ARABIZI.search(text.lower()):
+        out.add("ar")  # Arabizi, which mixes in English words as Hinglish does
+        if _mixed_english(strip_noise(own) or clean, None):
+            out.add("en")
+    if main is not None and len(words) >= 4:
+        out |= _mixed_foreign(strip_noise(own) or clean, main)
     pieces = [m[0] for m in _SEGMENTS.finditer(text)]
     if _SCRIPTED.search(clean) and _LATIN_WORD.search(low):
         pieces += [m[0] for m in _LATIN_RUN.finditer(clean)]  # the Latin stretches of a mix
         pieces.append(_LATIN_RUN.sub(" ", clean))  # and the rest
     for piece in pieces[:_MAX_SEGMENTS]:
         piece = strip_noise(piece)
-        if len(_LETTER.findall(piece)) < _SEGMENT_LETTERS or len(piece) >= len(clean):
+        # Letters of scripts written without spaces weigh a word each (three letters' worth).
+        weight = len(_LETTER.findall(piece)) + 2 * len(_WIDE.findall(piece))
+        if weight < _SEGMENT_LETTERS or len(piece) >= len(clean):
             continue
         found = classify(piece)
         if found is not None and found[1] >= _SEGMENT_CONFIDENCE and len(found[0]) == 2:

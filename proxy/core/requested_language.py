@@ -67,7 +67,7 @@ class Expectation:
     code: str | None
     source: Source
     #: A short fixed word saying why: header, config, instruction, conversation, translation,
-    #: unjudged, negated, unknown, off.
+    #: any, unjudged, negated, unknown, off.
     reason: str
     strength: Strength = "strong"
     accepted: frozenset[str] = frozenset()
@@ -191,7 +191,12 @@ def derive(turns: Sequence[tuple[Role, str]], *, use_prompt: bool = True) -> Exp
     operator: frozenset[str] = frozenset()
     negated: set[str] = set()
     named: set[str] = set()
-    untargeted = False
+    #: The languages the operator's own texts are written in, where they say nothing of the
+    #: answer's language: an answer in them follows the deployment ("Eres el asistente de una
+    #: tienda…" with an English question). One that makes a rule ("Reply in the user's
+    #: language.") is read for its rule alone.
+    written: set[str] = set()
+    any_language = translation = False
     last_user = next((t for r, t in reversed(turns) if r == "user" and t), None)
     for role, text in turns:
         if role == "assistant" or not text:
@@ -199,9 +204,10 @@ def derive(turns: Sequence[tuple[Role, str]], *, use_prompt: bool = True) -> Exp
         reading = memo.reading(text)
         named |= reading.named
         # A translation without a target is this turn's task; "in any language" holds anywhere.
-        untargeted = (
-            untargeted or reading.any_language or (reading.untargeted and text is last_user)
-        )
+        any_language = any_language or reading.any_language
+        translation = translation or (reading.untargeted and text is last_user)
+        if role == "system" and not reading.rules and (code := memo.language(text)) is not None:
+            written.add(code)
         if reading.negated:
             negated |= reading.negated
             instructed = instructed - reading.negated
@@ -213,8 +219,8 @@ def derive(turns: Sequence[tuple[Role, str]], *, use_prompt: bool = True) -> Exp
                 operator = reading.asked
     if UNJUDGED in instructed or UNJUDGED in named:
         return Expectation(None, "none", "unjudged")
-    if untargeted and not instructed:
-        return Expectation(None, "none", "translation")
+    if (any_language or translation) and not instructed:
+        return Expectation(None, "none", "any" if any_language else "translation")
     if len(instructed) == 1 and operator <= instructed:
         (code,) = instructed
         return Expectation(code, "request", "instruction")
@@ -227,7 +233,11 @@ def derive(turns: Sequence[tuple[Role, str]], *, use_prompt: bool = True) -> Exp
         main, languages = memo.languages(text)
         conversation |= languages
         primary = main or primary
-    accepted = (conversation | named | instructed | operator) - negated
+    if not conversation:
+        # No user turn's language is known: what the request names alone says too little of
+        # what the answer may be in ("Tafsiri kwa Kiingereza …", Swahili, names only English).
+        return NONE
+    accepted = (conversation | named | instructed | operator | written) - negated
     if not accepted:
         return Expectation(None, "none", "negated" if negated else "unknown")
     if primary not in accepted:

@@ -170,6 +170,58 @@ def _english_word(word: str, lists: list[Frequencies]) -> bool:
     return zipf >= COMMON_ENGLISH and zipf - max(f.zipf(word) for f in lists) >= MARGIN
 
 
+#: An English word mixed into another language's turn: at least three in a million English words,
+#: and three times as frequent as in the turn's own language (which borrows English words:
+#: Filipino writes "apply" a third as often as English does).
+MIXED_ENGLISH = 3.5
+MIXED_MARGIN = 0.5
+
+
+def english_words(clean: str, language: str | None) -> int:
+    """How many different lower-case words of ``clean`` are English words that ``language``
+    (the turn's own, where it has a list) does not write as often: the English of a
+    code-switched turn ("das Meeting für next week zu schedulen", "这个 deadline 太 tight 了",
+    "necesito un outfit para un job interview"). Capitalised words after the first are names."""
+    english = frequencies("en")
+    if english is None:  # pragma: no cover - wordfreq missing
+        return 0
+    own = _lists(_GROUP_OF.get(language, language)) if language in LISTED else []
+    found: set[str] = set()
+    for i, word in enumerate(_WORD.findall(clean)):
+        if i == 0:
+            word = word.lower()
+        if len(word) < 3 or not word.islower() or not _LATIN.match(word):
+            continue
+        zipf = english.zipf(word)
+        if zipf >= MIXED_ENGLISH and (
+            not own or zipf - max(f.zipf(word) for f in own) >= MIXED_MARGIN
+        ):
+            found.add(word)
+    return len(found)
+
+
+#: A word of another language mixed into a turn: at least one in 100,000 of that language.
+MIXED_FOREIGN = 4.0
+
+
+def mixed_languages(clean: str, language: str) -> set[str]:
+    """The other listed languages two or more different lower-case words of ``clean`` belong
+    to: common there (:data:`MIXED_FOREIGN`) and ten times rarer in ``language``, the turn's
+    own (Taglish "pwede mo ba akong tulungan … kasi may family emergency", Spanglish)."""
+    listed = _listed()
+    own_index = list(listed).index(language) if language in listed else None
+    hits: dict[str, set[str]] = {}
+    for word in set(_WORD.findall(clean)):
+        if len(word) < 2 or not word.islower() or not _LATIN.match(word):
+            continue
+        scores = _word_scores(hash(word))
+        own = scores[own_index] if own_index is not None else FLOOR
+        for code, score in zip(listed, scores, strict=True):
+            if code != language and score >= MIXED_FOREIGN and score - own >= MARGIN:
+                hits.setdefault(code, set()).add(word)
+    return {code for code, words in hits.items() if len(words) >= 2}
+
+
 def identify_by_words(clean: str, candidates: Sequence[tuple[str, float]]) -> str | None:
     """The language of the short Latin-script text ``clean`` given fastText's top
     ``candidates`` (code, probability), or None when the two signals do not agree firmly."""

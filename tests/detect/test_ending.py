@@ -332,6 +332,4 @@ def test_an_english_answer_that_ends_in_chinese_is_drift() -> None:
 
 def test_a_localised_page_that_ends_in_english_is_not_drift() -> None:
     """English at the end of a Russian page is its untranslated part, not drift."""
-    assert (
-        stream(ENDINGS["man-ru-persistent-keyring.7"], expected_language="ru").verdict is None
-    )
+    assert stream(ENDINGS["man-ru-persistent-keyring.7"], expected_language="ru").verdict is None
