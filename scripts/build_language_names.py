@@ -127,6 +127,9 @@ REGIONS = frozenset((
 #: How often a word may occur (wordfreq's Zipf scale: 3.5 is about three in a million words)
 #: before it counts as a common word of that language rather than a name.
 COMMON_ZIPF = 3.5
+#: How much more common (Zipf) than its language's English name is in English a minor language's
+#: name may be before another sense of the word is what makes it common.
+OTHER_SENSE = 1.5
 #: A name of a language the detector cannot judge only turns judging off, so only a word far
 #: more common than such a name could be is left out ("akan", Indonesian for "will": 6.8;
 #: "zulu" stays, 3.8 in Danish).
@@ -223,9 +226,15 @@ def build() -> dict[str, object]:
         )
 
     def minor_common(name: str, code: str, home: str) -> bool:
-        """A minor language's name that is a common word where it is written ("corso",
-        Corsican in Italian but above all "course"; "akan", Indonesian for "will")."""
-        return code not in PHRASE_LANGUAGES and zipf(name, home) >= COMMON_ZIPF
+        """A minor language's name that is a common word where it is written, far more common
+        than that language is ever named (its English name in English: :data:`OTHER_SENSE`
+        apart), so another sense dominates: "corso", Corsican in Italian but above all "course";
+        "akan", Indonesian for "will". "finska" (Swedish for Finnish) and "catalán" stay."""
+        if code in PHRASE_LANGUAGES:
+            return False
+        common = zipf(name, home)
+        named = float(zipf_frequency(english[code].lower(), "en")) if code in english else 0.0
+        return common >= COMMON_ZIPF and common - named > OTHER_SENSE
 
     # Each language's own name ("suomi", "eesti": common at home because they are its name),
     # unless it is a region, or a minor language's name that is a common word of another.

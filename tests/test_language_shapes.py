@@ -7,10 +7,10 @@ the one a request demands outright (``required``). The expectation the proxy der
 every language a correct answer may be in (an answer in it is never cut for its language), and
 ``GUARD_LANGUAGE=auto`` may inject only a language the shape requires or declares.
 
-The ``dev`` shapes were read while the rule was written; the ``held`` shapes were measured once
-before they were read (``docs/language.md`` has both figures, and those of a third set, measured
-and never read). These are the derivation half of what ``bench/measure_language_blind.py``
-measures through a running proxy with real answers.
+The ``dev`` shapes were read while the rule was written; the ``held`` and ``third`` shapes were
+each measured once before they were read (``docs/language.md`` has the figures before and after).
+These are the derivation half of what ``bench/measure_language_blind.py`` measures through a
+running proxy with real answers.
 """
 
 from __future__ import annotations
@@ -28,7 +28,11 @@ from proxy.detect.drift import with_close_languages
 DATA = Path(__file__).resolve().parent.parent / "bench" / "data"
 SHAPES = [
     json.loads(line)
-    for name in ("language_shapes_dev.jsonl", "language_shapes_held.jsonl")
+    for name in (
+        "language_shapes_dev.jsonl",
+        "language_shapes_held.jsonl",
+        "language_shapes_third.jsonl",
+    )
     for line in (DATA / name).read_text(encoding="utf-8").splitlines()
     if line.strip()
 ]

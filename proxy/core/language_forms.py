@@ -48,6 +48,10 @@ _CONTRAST = re.compile(
     r"^\s*(?:[,;.—–-]|$|(?:but|sino|mais|sondern|ma|mas|gewoon|just|please|alsjeblieft|bitte"
     r"|por favor|s'il)(?![\w]))"
 )
+_EXCEPT = re.compile(
+    r"(?<![\w])(?:except|besides|other\s+than|apart\s+from|excepto|salvo|sauf|außer|ausser"
+    r"|tranne|exceto|кроме|крім|oprócz|behalve)\s+(?:for\s+)?(?:in\s+)?$"
+)
 _RULED_OUT_BEFORE = re.compile(
     r"(?<![\w])(?:not|no|geen|kein\w*|nicht|pas|non|não|nie|не|ні)\s+(?:(?:in|en|em|auf|in het|на"
     r"|po|w)\s+)?(?:the\s+)?$"
@@ -96,6 +100,8 @@ _FOLLOWS_USER = re.compile(
     r"|langue (?:de l'utilisateur|du client)"
     r"|gleichen sprache|sprache des (?:nutzers|kunden|benutzers)|stessa lingua|lingua dell'utente"
     r"|mesmo idioma|idioma do (?:usuário|cliente)|том же языке|языке пользователя"
+    r"|whichever|(?:the\s+)?(?:user|customer|client)\s+(?:used|uses|writes|wrote)"
+    r"|other\s+languages?\s*[:,]"
     # an exception to a rule, in another sentence ("Exception: if the student writes HELP, …")
     r"|exceptions?|except (?:when|if|for)|excepto (?:si|cuando)|sauf (?:si|quand)|außer wenn"
     # a rule for teaching a language: corrections and explanations come in the learner's
@@ -109,6 +115,24 @@ _UNNAMED = re.compile(
     r"|first\s+|home\s+)?(?:language|tongue)|en\s+(?:mi|su)\s+(?:propio\s+|lengua\s+)?(?:idioma"
     r"|lengua)|dans\s+(?:ma|sa)\s+langue|in\s+(?:meiner|seiner|ihrer)\s+(?:mutter)?sprache"
     r"|nella\s+(?:mia|sua)\s+lingua|na\s+minha\s+l[íi]ngua|用我的母语|用我的语言"
+)
+# An instruction meant for the rest of a conversation, not for one answer: "from now on", "for
+# this whole chat", "always" (an operator's instruction always is).
+PERSISTENT = re.compile(
+    r"(?<![\w])(?:from\s+now\s+on|from\s+here\s+on|going\s+forward|henceforth|for\s+the\s+rest"
+    r"|for\s+(?:this|the)\s+(?:whole\s+|entire\s+)?(?:chat|conversation|session)|always|every\s+time"
+    r"|all\s+your\s+(?:answers|replies|responses)|a\s+partir\s+de\s+ahora|de\s+ahora\s+en\s+adelante"
+    r"|siempre|à\s+partir\s+de\s+maintenant|désormais|toujours|ab\s+jetzt|von\s+nun\s+an|immer"
+    r"|d'ora\s+in\s+poi|sempre|a\s+partir\s+de\s+agora|daqui\s+em\s+diante|отныне|впредь"
+    r"|с\s+этого\s+момента|всегда|fremover|från\s+och\s+med\s+nu|vanaf\s+nu|mulai\s+sekarang"
+    r"|từ\s+giờ|bundan\s+sonra|artık|odtąd|od\s+teraz)(?![\w])"
+    r"|以后|以後|从现在开始|從現在開始|今後|これから|以降|앞으로|지금부터"
+)
+# A request for code alone: its answer is code, in no language ("Só o código, sem explicação").
+_CODE_ONLY = re.compile(
+    r"(?<![\w])(?:(?:only|just)\s+(?:the\s+)?code|code\s+only|só\s+o\s+código|solo\s+el\s+código"
+    r"|sólo\s+el\s+código|nur\s+(?:den\s+)?code|seulement\s+le\s+code|uniquement\s+le\s+code"
+    r"|solo\s+il\s+codice|только\s+код)(?![\w])|只要代码|只给代码|コードだけ|코드만"
 )
 # A locale in an operator's data ("locale": "ja-JP", lang=pt_BR): the language it names.
 _LOCALE = re.compile(
@@ -327,7 +351,8 @@ class Reading(NamedTuple):
     added to what is accepted; ``?`` when a language the detector cannot judge is named in a
     marked form); ``untargeted``: it asks for a translation and names no language, or lets the
     answer be in any language; ``rules``: it says anything about the answer's language at all
-    (names one, or follows the user's).
+    (names one, or follows the user's); ``persistent``: its instruction is meant for the rest of
+    the conversation ("from now on"), not for one answer.
     """
 
     asked: frozenset[str]
@@ -336,6 +361,7 @@ class Reading(NamedTuple):
     untargeted: bool
     any_language: bool = False
     rules: bool = False
+    persistent: bool = False
 
 
 def read(text: str, language: str | None = None) -> Reading:
@@ -376,13 +402,18 @@ def read(text: str, language: str | None = None) -> Reading:
                 continue
             # A rule made conditional where it stands only names its language; a condition in
             # the question after a colon ("Answer in Spanish: what if …?") is the question's.
+            ruled = _ruled_out(clause, name)
+            if ruled == "only":  # "never use any language other than English": English alone
+                here["asked"].add(name.code)
+                continue
+            if ruled:
+                here["negated"].add(name.code)  # whatever the rest says ("… is fine")
+                continue
             colon = clause.find(":", name.end)
             rule = clause[: colon if colon >= 0 else len(clause)]
             if _CONDITION.search(_CONCESSION.sub(" ", rule)):
                 continue
             bound = _binds(clause, name)
-            if bound is None and _ruled_out(clause, name):
-                bound = "negated"
             if bound is not None:
                 here[bound].add(name.code)
         negated |= here["negated"]
@@ -401,22 +432,39 @@ def read(text: str, language: str | None = None) -> Reading:
         negated.clear()
     if not asked and _ONLY_TRANSLATION.search(prose_text):
         asked |= _translation_targets(prose_text)
-    any_language = bool(_ANY_LANGUAGE.search(prose_text) or _UNNAMED.search(prose_text))
+    any_language = bool(
+        _ANY_LANGUAGE.search(prose_text)
+        or _UNNAMED.search(prose_text)
+        or _CODE_ONLY.search(prose_text)
+    )
     for tag in _LOCALE.finditer(low):
         code = resolve(tag[1])
         if code is not None:
             named.add(code)
     untargeted = any_language or (not named and _TRANSLATE.search(low) is not None)
     rules = bool(named or asked or negated or conditional or any_language)
+    persistent = bool(asked) and PERSISTENT.search(prose_text) is not None
     return Reading(
-        frozenset(asked), frozenset(negated), frozenset(named), untargeted, any_language, rules
+        frozenset(asked),
+        frozenset(negated),
+        frozenset(named),
+        untargeted,
+        any_language,
+        rules,
+        persistent,
     )
 
 
-def _ruled_out(clause: str, name: Name) -> bool:
-    """A language named only to be ruled out: "not in English, but …", "英語ではなく"."""
+def _ruled_out(clause: str, name: Name) -> bool | Literal["only"]:
+    """A language named only to be ruled out: "not in English, but …", "英語ではなく", "any
+    language except English"; ``"only"`` where the exception is to a negation ("never use any
+    language other than English"), which leaves that language alone."""
     if _RULED_OUT_AFTER.match(clause[name.end : name.end + 8]):
         return True
+    found = _EXCEPT.search(clause[max(0, name.start - 16) : name.start])
+    if found is not None:
+        before = clause[: max(0, name.start - 16) + found.start()]
+        return "only" if _NEGATION.search(before) else True
     if not _RULED_OUT_BEFORE.search(clause[max(0, name.start - 20) : name.start]):
         return False
     after = clause[name.end : name.end + 30]
@@ -494,8 +542,10 @@ def _own_clause(clause: str, name: Name) -> bool:
             ends = (clause[name.end : part.end()], clause[name.end :])
             tails = [t.rstrip(" .!?;。！？") for t in ends]
             if _OWN_PREFIX.match(lead + " " if lead else ""):
-                if not lead and not any(t.strip(" ,") for t in tails):
-                    return False  # a bare name ("Spanish?") asks for nothing
+                if not lead and not (
+                    (tails[0].strip() and _OWN_SUFFIX.match(tails[0])) or _PLEASE.match(tails[1])
+                ):
+                    return False  # a bare name ("Spanish?", "French, German, or Italian")
                 if not any(_OWN_SUFFIX.match(t) for t in tails):
                     return False
             elif not (_PLEASE.match(tails[0]) and _PREPOSITION.search(lead)):

@@ -250,9 +250,13 @@ def turn_languages(text: str) -> tuple[str | None, frozenset[str]]:
     low = clean.lower()
     if "en" not in out and (
         len(_ENGLISH_WORDS.intersection(_LATIN_WORD.findall(low))) >= 2
-        # English words mixed into a turn whose own language is known (with none known, they
-        # would make English the only language accepted: "un script PowerShell … la date")
-        or (main is not None and _mixed_english(strip_noise(own) or clean, main))
+        # English words mixed into a turn whose own language is known, or beside a script
+        # without spaces ("帮我写个email给client"); with no language known they would make
+        # English the only one accepted ("un script PowerShell … la date")
+        or (
+            (main is not None or _WIDE.search(clean) is not None)
+            and _mixed_english(strip_noise(own) or clean, main)
+        )
     ):
         out.add("en")
     words = set(_LATIN_WORD.findall(low))

@@ -183,9 +183,13 @@ def derive(turns: Sequence[tuple[Role, str]], *, use_prompt: bool = True) -> Exp
     conversation's languages count only when ``use_prompt``. Texts read a moment ago are
     answered from :data:`MEMO`.
 
-    The latest instruction wins. But an operator's instruction (system, developer) that a user
-    overrides with another language is still accepted beside the user's: models differ in which
-    of the two they follow, and an answer that follows either is correct."""
+    The latest instruction wins. A user's instruction holds for the turn it is in, and for the
+    turns after it only where it says so ("from now on"): "Answer in German: …" followed by an
+    English question asks nothing of the new answer, and a later turn that names another
+    language ("actually English is fine now") adds it. An operator's instruction (system,
+    developer) holds throughout, and where a user overrides it with another language both are
+    accepted: models differ in which of the two they follow, and an answer that follows either
+    is correct."""
     memo = MEMO
     instructed: frozenset[str] = frozenset()
     operator: frozenset[str] = frozenset()
@@ -198,6 +202,9 @@ def derive(turns: Sequence[tuple[Role, str]], *, use_prompt: bool = True) -> Exp
     written: set[str] = set()
     any_language = translation = False
     last_user = next((t for r, t in reversed(turns) if r == "user" and t), None)
+    #: Whether the instruction holds for the last answer, and the languages named after it.
+    holds = True
+    named_after: set[str] = set()
     for role, text in turns:
         if role == "assistant" or not text:
             continue
@@ -215,8 +222,16 @@ def derive(turns: Sequence[tuple[Role, str]], *, use_prompt: bool = True) -> Exp
         if reading.asked:
             instructed = reading.asked  # the latest instruction wins
             negated -= reading.asked
+            holds = role == "system" or reading.persistent or text is last_user
+            named_after = set()
             if role == "system":
                 operator = reading.asked
+        elif role == "user":
+            named_after |= reading.named
+    if instructed and (not holds or named_after - instructed):
+        # For one earlier answer only, or loosened by a later turn: it names, it narrows no more.
+        named |= instructed | named_after
+        instructed = operator
     if UNJUDGED in instructed or UNJUDGED in named:
         return Expectation(None, "none", "unjudged")
     if (any_language or translation) and not instructed:

@@ -86,6 +86,7 @@ MAX_WORDS = 16
 
 _WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
 _LATIN = re.compile(r"[a-zß-ɏḀ-ỿ'’]+$")
+_LATIN_RUN = re.compile(r"[A-Za-zß-ɏḀ-ỿ]+(?:['’][A-Za-zß-ɏḀ-ỿ]+)*")
 
 
 class Frequencies:
@@ -187,7 +188,8 @@ def english_words(clean: str, language: str | None) -> int:
         return 0
     own = _lists(_GROUP_OF.get(language, language)) if language in LISTED else []
     found: set[str] = set()
-    for i, word in enumerate(_WORD.findall(clean)):
+    # Latin letters only: in "帮我写个email给client" the words touch the Han characters.
+    for i, word in enumerate(_LATIN_RUN.findall(clean)):
         if i == 0:
             word = word.lower()
         if len(word) < 3 or not word.islower() or not _LATIN.match(word):
