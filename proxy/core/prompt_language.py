@@ -199,6 +199,12 @@ _ROMAN_HINDUSTANI = frozenset((
     "bata", "sakte", "sakta", "chahiye", "matlab", "lekin", "aur", "bhi", "abhi", "kuch",
     "kab", "kahan", "wala", "wali", "hoga", "hogi", "agar", "toh", "woh", "yeh",
 ))  # fmt: skip
+# Swahili (and Sheng, mixed with English): words no other language writes as often.
+_SWAHILI = frozenset((
+    "nataka", "kujua", "hapa", "bila", "kubwa", "niaje", "sana", "kwa", "gani", "habari",
+    "tafadhali", "asante", "naomba", "jinsi", "kama", "lakini", "sasa", "hii", "hiyo", "yangu",
+    "wangu", "nini", "wapi", "lini", "ndiyo", "hapana", "nina", "sina", "kuna", "tu", "pia",
+))  # fmt: skip
 # Arabic written in Latin letters and digits ("3afak", "n9der", "7abibi"): Arabic too (one such
 # word is enough to widen; "b2b" in an English turn only adds a language).
 _ARABIZI = re.compile(r"\b[a-z]*[a-z][235679][a-z]+\b|\b[235679][a-z]{2,}\b")
@@ -262,6 +268,8 @@ def turn_languages(text: str) -> tuple[str | None, frozenset[str]]:
     words = set(_LATIN_WORD.findall(low))
     if len(_ROMAN_HINDUSTANI & words) >= 2:
         out |= {"hi", "ur", "en"}  # Hinglish and Roman Urdu mix in English as a rule
+    if len(_SWAHILI & words) >= 2:
+        out |= {"sw", "en"}  # and so does Sheng
     if _ARABIZI.search(text.lower()):
         out.add("ar")  # Arabizi, which mixes in English words as Hinglish does
         if _mixed_english(strip_noise(own) or clean, None):
