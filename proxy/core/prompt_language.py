@@ -43,6 +43,8 @@ _PERSIAN = re.compile(r"[پچژگ]")
 _URDU = re.compile(r"[ٹڈڑںےھ]")
 _UKRAINIAN = re.compile(r"[іїєґІЇЄҐ]")
 _RUSSIAN = re.compile(r"[ыэъёЫЭЪЁ]")
+# Letters of the other languages written in Cyrillic (neither Russian nor Ukrainian writes them).
+_OTHER_CYRILLIC = re.compile(r"[әғқңөұүһђјљњћџѓќѕўӘҒҚҢӨҰҮҺЂЈЉЊЋЏЃЌЅЎ]")
 # Short words only one of the two writes (question words, conjunctions, "this", "me").
 _UKRAINIAN_WORDS = frozenset(
     ("що", "чому", "як", "це", "та", "або", "але", "який", "яка", "яке", "які", "де", "коли",
@@ -124,6 +126,8 @@ def _scripted(clean: str, total: int) -> str | None:
         # Russian and Ukrainian share most words; a wrong guess between them would judge one
         # language's words against the other's word list, so letters and the few short words
         # only one of them writes decide, and identification only where they say nothing.
+        if _OTHER_CYRILLIC.search(clean):
+            return _identified(clean, None)  # Kazakh, Mongolian, Serbian … (ы is not Russian's)
         words = set(re.findall(r"\w+", clean.lower()))
         ukrainian = bool(_UKRAINIAN.search(clean) or words & _UKRAINIAN_WORDS)
         russian = bool(_RUSSIAN.search(clean) or words & _RUSSIAN_WORDS)
@@ -250,9 +254,14 @@ def turn_languages(text: str) -> tuple[str | None, frozenset[str]]:
     if not _LETTER.search(clean):
         return main, frozenset(out)
     if main is not None:  # around an identified language; an unsure one gives no guess
-        for code, prob in classify_top(strip_noise(own)[:4000] or clean[:4000], 3):
-            if prob >= _ALTERNATIVE and len(code) == 2:
-                out.add(_MERGED.get(code, code))
+        top = classify_top(strip_noise(own)[:4000] or clean[:4000], 3)
+        # Only where identification itself chose the language: where a short prompt's words
+        # overruled it ("Wat is fotosynthese?": English 0.46 by its letters, Dutch by its
+        # words), its other guesses are what the words ruled out.
+        if top and _MERGED.get(top[0][0], top[0][0]) == main:
+            for code, prob in top:
+                if prob >= _ALTERNATIVE and len(code) == 2:
+                    out.add(_MERGED.get(code, code))
     low = clean.lower()
     if "en" not in out and (
         len(_ENGLISH_WORDS.intersection(_LATIN_WORD.findall(low))) >= 2
