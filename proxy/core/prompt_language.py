@@ -55,9 +55,10 @@ _RUSSIAN_WORDS = frozenset(
      "когда", "ты", "мне", "ли", "зачем", "сколько", "кто")
 )  # fmt: skip
 # Letters only Vietnamese uses among the languages people write to models in.
-# (Not the dot below alone: Yoruba writes ọ and ẹ too.)
+# (Not the dot below alone, which Yoruba writes too, nor ă and đ, which Romanian and Croatian
+# write.)
 _VIETNAMESE = re.compile(
-    "[ơưăđƠƯĂĐấầẩẫậắằẳẵặếềểễệốồổỗộớờởỡợứừửữựảẻỉỏủỷẤẦẨẪẬẮẰẲẴẶẾỀỂỄỆỐỒỔỖỘỚỜỞỠỢỨỪỬỮỰẢẺỈỎỦỶ]"
+    "[ơưƠƯấầẩẫậắằẳẵặếềểễệốồổỗộớờởỡợứừửữựảẻỉỏủỷẤẦẨẪẬẮẰẲẴẶẾỀỂỄỆỐỒỔỖỘỚỜỞỠỢỨỪỬỮỰẢẺỈỎỦỶ]"
 )
 #: Any letter of the scripts above: a prompt with none of them (most are Latin-script) skips
 #: their counts, which could only come out zero.
