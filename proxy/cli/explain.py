@@ -51,8 +51,8 @@ SETTINGS_HELP: dict[str, str] = {
     "limit, the rest of the context, applies.",
     "max_tokens_cap": "Largest max_tokens / max_completion_tokens a request may ask for.",
     "max_tokens_policy": "Above the cap: clamp it, or reject the request with a 400.",
-    "language": "Language constraint: off, auto (the language the request asks for, else the "
-    "prompt's; nothing when unsure; see docs/language.md) or a "
+    "language": "Language constraint: off, auto (the language the request declares or asks "
+    "for outright, never one only read from the text; see docs/language.md) or a "
     "two-letter ISO 639-1 code (en, it, zh, ...; not a name like english); injects an "
     "instruction and tells the detector what to expect.",
     "sampling_defaults": "JSON object: model name or glob -> sampling fields filled in when a "
@@ -98,9 +98,10 @@ SETTINGS_HELP: dict[str, str] = {
     "/metrics/quality and the engine's /metrics/engine (relayed).",
     "metrics_api_keys": "Keys that may read the metrics (scrapers) when GUARD_PROTECT_METRICS "
     "is on; a JSON list or comma-separated.",
-    "expect_language": "Expected answer language when GUARD_LANGUAGE injects none: prompt "
-    "(what the request asks for, else the language it is written in) or off. With "
-    "GUARD_ALLOW_CLIENT_OVERRIDE a client may set it per request (x-guard-language).",
+    "expect_language": "Languages an answer may be in when GUARD_LANGUAGE injects none: prompt "
+    "(what the request asks for, else the conversation's own languages and every language it "
+    "names) or off (only what the client declares). With GUARD_ALLOW_CLIENT_OVERRIDE a client "
+    "may set it per request (x-guard-language).",
     "upstream_check_interval": "Seconds between checks that the engine answers (/health, "
     "/v1/models): logged while it does not, and its model list bounds the metrics' model "
     "label; 0 turns the checks off.",
