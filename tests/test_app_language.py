@@ -88,3 +88,20 @@ def test_client_language_header_only_where_allowed(
             "fr; source=request; by=instruction; strength=strong"
         )
         assert finish == "content_filter"
+
+
+@pytest.mark.parametrize(("value", "code"), [("Français", "fr"), ("中文", "zh"), ("日本語", "ja")])
+def test_a_language_named_in_its_own_script_is_read_as_utf8(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory, value: str, code: str
+) -> None:
+    """A client sends ``x-guard-language: Français`` as UTF-8 bytes (HTTP reads header bytes as
+    Latin-1, where "Français" was 'FranÃ§ais' and a 400): the language is read, the answer is
+    served, and the header never reaches the engine."""
+    fake_upstream.script = Script(texts=["Bonjour."])
+    base = proxy_server(allow_client_override=True)
+    body = {"model": "m", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 20}
+    headers = [(b"x-guard-language", value.encode("utf-8"))]
+    r = httpx.post(base + "/v1/chat/completions", json=body, headers=headers)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-guard-language"] == f"{code}; source=request; by=header; strength=strong"
+    assert "x-guard-language" not in fake_upstream.last.headers
