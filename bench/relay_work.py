@@ -145,12 +145,25 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--callgrind", action="store_true", help="count only the work (see above)")
     ap.add_argument("--installed", action="store_true", help="the installed proxy (see above)")
+    ap.add_argument(
+        "--expected",
+        help="the detector's expected language (an English prompt expects en: the proxy's usual "
+        "case since the conversation's own language is expected)",
+    )
     args = ap.parse_args()
     toggle = callgrind_toggle() if args.callgrind else (lambda: None)
     texts = healthy_texts(args.corpus, min(64, args.streams))
     config = DetectorConfig()
+    if args.expected:
+        # The word list of the expected language, which the server loads beside serving at
+        # start-up (proxy.server.preload): not part of any request's work.
+        from proxy.detect.salad import lexicon
+
+        lexicon(args.expected)
     make: Callable[[], Detector] = (
-        NullDetector if args.detector == "null" else (lambda: Detector(config))
+        NullDetector
+        if args.detector == "null"
+        else (lambda: Detector(config, expected_language=args.expected))
     )
     metrics = Metrics()
     usage = not args.no_usage

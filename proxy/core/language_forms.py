@@ -15,6 +15,22 @@ from typing import Literal, NamedTuple
 
 from proxy.core.language_mentions import Name, find_names, widens
 from proxy.core.language_names import UNJUDGED, resolve
+from proxy.core.language_qualifiers import (
+    ANY_LANGUAGE,
+    CODE_ONLY,
+    CONCESSION,
+    CONDITION,
+    CONTRAST,
+    EXCEPT,
+    FOLLOWS_USER,
+    LOCALE,
+    NEGATION,
+    NEGATION_AFTER,
+    PERSISTENT,
+    RULED_OUT_AFTER,
+    RULED_OUT_BEFORE,
+    UNNAMED,
+)
 from proxy.core.prompt_language import prose
 
 _SENTENCE = re.compile(r"[^.!?;\n。！？；]+[.!?;。！？；]*")
@@ -27,125 +43,6 @@ _WH = re.compile(
     r"|warum|was|come|perché|como|o que|porque|как|почему|что)\b"
 )
 
-# Negation before the directive: "do not answer in X", "never respond in X", "no me contestes
-# en X", "ne réponds pas en X", "nicht auf X antworten", "别用X回答", "不要用X".
-_NEGATION = re.compile(
-    r"(?<![\w'])(?:not|no|never|don'?t|doesn'?t|won'?t|shouldn'?t|mustn'?t|can'?t|cannot|avoid\w*"
-    r"|without|stop|refrain\w*|nunca|jamás|jamas|ni|sin|não|nao|nem|sem|ne|n'|pas|jamais|sans"
-    r"|nicht|nie|niemals|kein\w*|ohne|non|mai|senza|niet|nooit|geen|zonder|не|ни|никогда|без"
-    r"|ні|ніколи|nie|nigdy|bez|jangan|tidak|bukan|tanpa|không|đừng|değil|asla|لا|لن|ليس|بدون"
-    r"|मत|नहीं|όχι|μην|μη|except|besides|excepto|sauf|außer|ausser|tranne|кроме|крім|oprócz"
-    r"|kecuali|trừ)(?![\w'])"
-    r"|不要|不用|别|別|勿|不能|不得|避免|禁止|不可|千万别|千萬別"
-)
-# A language named to be ruled out, without a directive: "英語ではなく、日本語で",
-# "영어 말고 한국어로", "not in English but in French", "geen Engels, gewoon in het Nederlands",
-# "nicht auf Englisch, sondern …": the name is negated.
-_RULED_OUT_AFTER = re.compile(
-    r"^\s*(?:ではなく|じゃなくて|じゃなく|でなく|말고|가 아니라|이 아니라|而不是)"
-)
-_CONTRAST = re.compile(
-    r"^\s*(?:[,;.—–-]|$|(?:but|sino|mais|sondern|ma|mas|gewoon|just|please|alsjeblieft|bitte"
-    r"|por favor|s'il)(?![\w]))"
-)
-_EXCEPT = re.compile(
-    r"(?<![\w])(?:except|besides|other\s+than|apart\s+from|excepto|salvo|sauf|außer|ausser"
-    r"|tranne|exceto|кроме|крім|oprócz|behalve)\s+(?:for\s+)?(?:in\s+)?$"
-)
-_RULED_OUT_BEFORE = re.compile(
-    r"(?<![\w])(?:not|no|geen|kein\w*|nicht|pas|non|não|nie|не|ні)\s+(?:(?:in|en|em|auf|in het|на"
-    r"|po|w)\s+)?(?:the\s+)?$"
-)
-# Negation written after the name: Japanese, Korean, Turkish, Hindi.
-_NEGATION_AFTER = re.compile(
-    r"^.{0,12}?(?:ない|なく|禁止|지\s?마|말고|않|금지|마세요|(?:verme|yazma|kullanma|konuşma)\b"
-    r"|मत|नहीं)"
-)
-# Words that make a text's language rules conditional or permissive: the directive depends on
-# something ("if the user writes in X", "otherwise", "the user's language", "for any other
-# language") or allows rather than asks ("you may also answer in English", "gerne auch auf
-# Englisch"). Concessive words are not conditions ("even if asked", "auch wenn", "même si").
-_CONDITION = re.compile(
-    r"(?<![\w])(?<!even )(?<!auch )(?<!même )(?<!meme )(?<!anche )(?<!mesmo )(?<!incluso )"
-    r"(?:if|unless|when|whenever|in case|otherwise|else|depending|whichever|either"
-    r"|regardless(?= of whether)|any other|all other|same language|user'?s language"
-    r"|customer'?s language|language of the (?:user|customer|question|message|client)"
-    r"|matching|match the|may|feel free|also fine|is fine|are fine|is ok|is okay|prefer"
-    r"|si|sino|cuando|a menos que|salvo que|según|de lo contrario|mismo idioma|cualquier otr[oa]"
-    r"|los demás|caso"
-    r"|se|quando|a menos|senão|mesmo idioma|lorsque|quand|sinon|sauf si|à moins|selon"
-    r"|même langue|toute autre|tous les autres|autres cas|volontiers|wenn|falls|sofern|sonst"
-    r"|ansonsten|je nach|gleichen sprache|anderen fällen|jede andere|gerne|gern|altrimenti"
-    r"|a meno che|stessa lingua|qualsiasi altra|als|indien|tenzij|anders|om|hvis|jos|ha|gärna"
-    r"|если|иначе|когда|в зависимости|том же языке|любом другом|можно|якщо|інакше|коли|можна"
-    r"|jeśli|jeżeli|gdy"
-    r"|chyba że|eğer|yoksa|değilse|\w{3,}(?:ysa|yse)|\w+[ae]bilirsin|aksi|jika|kalau|bila"
-    r"|kecuali|boleh|nếu|trừ khi|إذا|اذا|لو|وإلا|عندما"
-    r"|अगर|यदि|वरना)(?![\w])"
-    r"|如果|若是|假如|要是|否则|否則|除非|的话|的話|根据|根據|其他语言|其他語言|其他情况|其他情況|也可以"
-    r"|もし|場合|なら|以外|만약|경우|아니면|도 돼|도 괜찮"
-)
-# Concessions are not conditions: "regardless of the user's language", "无论用户使用什么语言".
-_CONCESSION = re.compile(
-    r"(?<![\w])(?:regardless of|no matter (?:what|which)|irrespective of|unabhängig von"
-    r"|quel(?:le)?s? que soi(?:t|ent)|independientemente d|indipendentemente da|même si|auch wenn"
-    r"|even if|even when|even though)[^.;\n]*|(?:无论|不管|不论|無論)[^。；;\n，,]*"
-)
-# A rule that follows the user's own language ("reply in the user's language", "matching the
-# customer", "in the same language as the question").
-_FOLLOWS_USER = re.compile(
-    r"(?<![\w])(?:same language|(?:user|customer|client|caller|visitor)'?s(?:'s)? (?:own )?language"
-    r"|language of the (?:user|customer|question|message|client|request|input)|matching the"
-    r"|mismo idioma|idioma del (?:usuario|cliente)|même langue"
-    r"|langue (?:de l'utilisateur|du client)"
-    r"|gleichen sprache|sprache des (?:nutzers|kunden|benutzers)|stessa lingua|lingua dell'utente"
-    r"|mesmo idioma|idioma do (?:usuário|cliente)|том же языке|языке пользователя"
-    r"|whichever|(?:the\s+)?(?:user|customer|client)\s+(?:used|uses|writes|wrote)"
-    r"|other\s+languages?\s*[:,]"
-    # an exception to a rule, in another sentence ("Exception: if the student writes HELP, …")
-    r"|exceptions?|except (?:when|if|for)|excepto (?:si|cuando)|sauf (?:si|quand)|außer wenn"
-    # a rule for teaching a language: corrections and explanations come in the learner's
-    r"|tutor\w*|correct (?:my|me|the student)|my mistakes|language learners?)(?![\w])"
-    r"|同じ言語|相同的语言|相同语言|用户的语言|用戶的語言|같은 언어"
-)
-# A language the request asks for without naming it: "reply in my native language", "in her
-# mother tongue", "en mi idioma". Which one cannot be known: no expectation.
-_UNNAMED = re.compile(
-    r"(?<![\w])(?:in|into|using)\s+(?:my|her|his|their|our)\s+(?:own\s+|native\s+|mother\s+"
-    r"|first\s+|home\s+)?(?:language|tongue)|en\s+(?:mi|su)\s+(?:propio\s+|lengua\s+)?(?:idioma"
-    r"|lengua)|dans\s+(?:ma|sa)\s+langue|in\s+(?:meiner|seiner|ihrer)\s+(?:mutter)?sprache"
-    r"|nella\s+(?:mia|sua)\s+lingua|na\s+minha\s+l[íi]ngua|用我的母语|用我的语言"
-)
-# An instruction meant for the rest of a conversation, not for one answer: "from now on", "for
-# this whole chat", "always" (an operator's instruction always is).
-PERSISTENT = re.compile(
-    r"(?<![\w])(?:from\s+now\s+on|from\s+here\s+on|going\s+forward|henceforth|for\s+the\s+rest"
-    r"|for\s+(?:this|the)\s+(?:whole\s+|entire\s+)?(?:chat|conversation|session)|always|every\s+time"
-    r"|all\s+your\s+(?:answers|replies|responses)|a\s+partir\s+de\s+ahora|de\s+ahora\s+en\s+adelante"
-    r"|siempre|à\s+partir\s+de\s+maintenant|désormais|toujours|ab\s+jetzt|von\s+nun\s+an|immer"
-    r"|d'ora\s+in\s+poi|sempre|a\s+partir\s+de\s+agora|daqui\s+em\s+diante|отныне|впредь"
-    r"|с\s+этого\s+момента|всегда|fremover|från\s+och\s+med\s+nu|vanaf\s+nu|mulai\s+sekarang"
-    r"|từ\s+giờ|bundan\s+sonra|artık|odtąd|od\s+teraz)(?![\w])"
-    r"|以后|以後|从现在开始|從現在開始|今後|これから|以降|앞으로|지금부터"
-)
-# A request for code alone: its answer is code, in no language ("Só o código, sem explicação").
-_CODE_ONLY = re.compile(
-    r"(?<![\w])(?:(?:only|just)\s+(?:the\s+)?code|code\s+only|só\s+o\s+código|solo\s+el\s+código"
-    r"|sólo\s+el\s+código|nur\s+(?:den\s+)?code|seulement\s+le\s+code|uniquement\s+le\s+code"
-    r"|solo\s+il\s+codice|только\s+код)(?![\w])|只要代码|只给代码|コードだけ|코드만"
-)
-# A locale in an operator's data ("locale": "ja-JP", lang=pt_BR): the language it names.
-_LOCALE = re.compile(
-    r"(?<![\w])(?:locale|lang(?:uage)?(?:_code)?)[\"']?\s*[:=]\s*[\"']?([a-z]{2,3})(?:[-_][a-z0-9]{2,8})*"
-    r"(?![\w])"
-)
-# "Any language", "whatever language you like", "будь-якою мовою": the answer may be in any.
-_ANY_LANGUAGE = re.compile(
-    r"(?<![\w])in\s+(?:any|whatever|whichever)\s+language(?!\s+(?:other|but|except))"
-    r"|en\s+cualquier\s+idioma|dans n'importe quelle langue|in qualsiasi lingua"
-    r"|em qualquer (?:idioma|língua)|in jeder (?:beliebigen )?sprache|на любом языке|любым языком"
-    r"|будь-якою мовою|w dowolnym języku|用任何语言|用任何語言|どの言語でも|어떤 언어로든"
-)
 _FILLER_EN = (
     r"(?:\s+(?:to\s+me|to\s+us|to\s+this|to\s+them|to\s+the\s+user|back|me|only|always|solely"
     r"|exclusively|strictly|entirely|fully|just|please|from\s+now\s+on|going\s+forward|here"
@@ -383,7 +280,7 @@ def read(text: str, language: str | None = None) -> Reading:
     prose_text = prose(low)
     # A rule that follows the user's own language makes every language rule of the text
     # conditional; what a concession says ("regardless of the user's language") does not.
-    conditional = _FOLLOWS_USER.search(_CONCESSION.sub(" ", prose_text)) is not None
+    conditional = FOLLOWS_USER.search(CONCESSION.sub(" ", prose_text)) is not None
     for line in _LANGUAGE_LINE.finditer(prose_text):
         value = " ".join(line[1].strip(" .*_").split())
         found = find_names(value)
@@ -396,7 +293,7 @@ def read(text: str, language: str | None = None) -> Reading:
             continue
         here: dict[str, set[str]] = {"asked": set(), "negated": set()}
         # A name inside a concession ("even if the customer writes in English") asks nothing.
-        conceded = [m.span() for m in _CONCESSION.finditer(clause)]
+        conceded = [m.span() for m in CONCESSION.finditer(clause)]
         for name in found:
             if any(a <= name.start < b for a, b in conceded):
                 continue
@@ -411,7 +308,7 @@ def read(text: str, language: str | None = None) -> Reading:
                 continue
             colon = clause.find(":", name.end)
             rule = clause[: colon if colon >= 0 else len(clause)]
-            if _CONDITION.search(_CONCESSION.sub(" ", rule)):
+            if CONDITION.search(CONCESSION.sub(" ", rule)):
                 continue
             bound = _binds(clause, name)
             if bound is not None:
@@ -433,11 +330,11 @@ def read(text: str, language: str | None = None) -> Reading:
     if not asked and _ONLY_TRANSLATION.search(prose_text):
         asked |= _translation_targets(prose_text)
     any_language = bool(
-        _ANY_LANGUAGE.search(prose_text)
-        or _UNNAMED.search(prose_text)
-        or _CODE_ONLY.search(prose_text)
+        ANY_LANGUAGE.search(prose_text)
+        or UNNAMED.search(prose_text)
+        or CODE_ONLY.search(prose_text)
     )
-    for tag in _LOCALE.finditer(low):
+    for tag in LOCALE.finditer(low):
         code = resolve(tag[1])
         if code is not None:
             named.add(code)
@@ -459,22 +356,15 @@ def _ruled_out(clause: str, name: Name) -> bool | Literal["only"]:
     """A language named only to be ruled out: "not in English, but …", "英語ではなく", "any
     language except English"; ``"only"`` where the exception is to a negation ("never use any
     language other than English"), which leaves that language alone."""
-    if _RULED_OUT_AFTER.match(clause[name.end : name.end + 8]):
+    if RULED_OUT_AFTER.match(clause[name.end : name.end + 8]):
         return True
-    found = _EXCEPT.search(clause[max(0, name.start - 16) : name.start])
+    found = EXCEPT.search(clause[max(0, name.start - 16) : name.start])
     if found is not None:
         before = clause[: max(0, name.start - 16) + found.start()]
-        return "only" if _NEGATION.search(before) else True
-    if not _RULED_OUT_BEFORE.search(clause[max(0, name.start - 20) : name.start]):
+        return "only" if NEGATION.search(before) else True
+    if not RULED_OUT_BEFORE.search(clause[max(0, name.start - 20) : name.start]):
         return False
-    after = clause[name.end : name.end + 30]
-    return bool(
-        re.match(
-            r"^\s*(?:[,;.—–-]|but\b|sino\b|mais\b|sondern\b|ma\b|mas\b|gewoon\b|"
-            r"just\b|please\b|$)",
-            after,
-        )
-    )
+    return CONTRAST.match(clause[name.end : name.end + 30]) is not None
 
 
 def _translation_targets(text: str) -> set[str]:
@@ -484,7 +374,7 @@ def _translation_targets(text: str) -> set[str]:
     out: set[str] = set()
     for sentence in _SENTENCE.finditer(text):
         clause = " ".join(sentence[0].split())
-        if not _TRANSLATE.search(clause) or _CONDITION.search(clause):
+        if not _TRANSLATE.search(clause) or CONDITION.search(clause):
             continue
         for name in find_names(clause):
             if name.code != UNJUDGED and _TARGET.search(clause[: name.start]):
@@ -500,7 +390,7 @@ def _binds(clause: str, name: Name) -> Literal["asked", "negated"] | None:
     if not _is_form(clause, name, before, after):
         return None
     start = _clause_start(clause, name.start)
-    if _NEGATION.search(clause[start : name.start]) or _NEGATION_AFTER.match(after):
+    if NEGATION.search(clause[start : name.start]) or NEGATION_AFTER.match(after):
         return "negated"
     return "asked"
 
