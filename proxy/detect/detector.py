@@ -24,8 +24,14 @@ from typing import Any
 
 from proxy.detect.blocks import BlockLoop, statement_lines
 from proxy.detect.diversity import compression_ratio, distinct_ratio, words_of
-from proxy.detect.drift import LanguageDrift, code_like, source_like, with_close_languages
-from proxy.detect.ending import final_drift, final_flood, final_loop
+from proxy.detect.drift import (
+    SHORT_SEGMENTS,
+    LanguageDrift,
+    code_like,
+    source_like,
+    with_close_languages,
+)
+from proxy.detect.ending import FOREIGN_MIN, final_drift, final_flood, final_loop
 from proxy.detect.entropy import EntropyWindow, token_entropy
 from proxy.detect.gibberish import Gibberish
 from proxy.detect.lines import LineLoop
@@ -113,6 +119,7 @@ class Detector:
         self._checks = 0
         self._diversity_next = 0
         self._drift = LanguageDrift(cfg, self.expected_language, self.accepted_languages)
+        self._end_drift = True
         # Words are checked against one language's list: only when no other is accepted.
         self._salad = WordSalad(cfg, None if accepted_languages - {code} else code or None)
         self._gibberish = Gibberish(cfg)
@@ -134,16 +141,14 @@ class Detector:
     def end_drift(self) -> bool:
         """Whether :meth:`finish` judges drift sentence by sentence at the end (the default).
 
-        Set it to ``False`` before feeding when the text is delivered as it streams: that
-        judgement could then change nothing, so :meth:`finish` leaves it out, and so does the
-        language identification while streaming that only ever fed it (without an expected
-        language, once the text is established as English, where no drift can fire).
+        Set it to ``False`` before feeding when the text is delivered as it streams and no
+        verdict at the finish is wanted: :meth:`finish` then leaves that judgement out.
         """
-        return self._drift.keep_doubt
+        return self._end_drift
 
     @end_drift.setter
     def end_drift(self, value: bool) -> None:
-        self._drift.keep_doubt = value
+        self._end_drift = value
 
     def feed(
         self, delta: str, *, tokens: int | None = None, logprobs: list[Any] | None = None
@@ -201,10 +206,17 @@ class Detector:
             self._judge_end_repetition(text)
         if self._verdict is not None:
             return
-        # The streaming identification saw every short answer whole and samples longer ones:
-        # when none of it was in doubt there is no drift for the sentence-level pass to find.
-        short = self._chars <= 8 * cfg.language_segment_chars
-        if drift and cfg.language_drift and not self._json_like and (short or self._drift.doubt):
+        # The sentence-level pass looks for foreign text (FOREIGN_MIN at least) that ends the
+        # answer. Where the streaming identification found a foreign segment it may be there;
+        # where it found none, only in a short answer's ending that no segment identified.
+        # Without an expected language, once the text is English only a short answer's
+        # opening sentence can say otherwise (a restated prompt: final_drift's reference).
+        short = self._chars <= SHORT_SEGMENTS * cfg.language_segment_chars
+        if self._drift.settled:
+            unsure = short
+        else:
+            unsure = self._drift.doubt or (short and self._drift.unseen >= FOREIGN_MIN)
+        if drift and cfg.language_drift and not self._json_like and unsure:
             judged = base + max(0, len(text) - cfg.end_drift_chars)
             found = final_drift(
                 text[-cfg.end_drift_chars :],

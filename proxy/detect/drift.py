@@ -38,6 +38,9 @@ _CODE_SYMBOLS = re.compile(r"[{}();=$<>\[\]]")
 #: Without a request language: the longest opening (characters) that can still be a restated
 #: prompt before the answer falls back to another language.
 OPENING_MAX = 500
+#: A stream of up to this many segments is short: the end judges it sentence by sentence where
+#: the streaming identification left its ending open (:attr:`LanguageDrift.unseen`).
+SHORT_SEGMENTS = 8
 
 
 def fallback_languages(reference: str) -> frozenset[str]:
@@ -158,19 +161,34 @@ class LanguageDrift:
         # Whether any identified segment was in another language than the reference: without
         # that, the end-of-stream judgement has nothing to find and is skipped.
         self.doubt = False
-        #: Whether an end-of-stream drift judgement will read :attr:`doubt` (see
-        #: ``Detector.end_drift``).
-        self.keep_doubt = True
+        # Characters since the last segment identified in the reference language or an
+        # accepted one (see :attr:`unseen`).
+        self._unseen = 0
         # No expected language and the text established as English: no drift can fire any more
         # (nothing counts as drift *from* English, see ``fallback_languages``).
         self._settled = False
+
+    @property
+    def unseen(self) -> int:
+        """Characters at the end of the text not identified as the reference language or an
+        accepted one: what was sampled out, too short to identify, or not yet judged since the
+        last segment identified so. Where no segment was foreign (:attr:`doubt`), only this
+        part of a short answer can hold the foreign ending the sentence-by-sentence judgement
+        at the end looks for (``Detector._judge_end``)."""
+        return self._unseen + self._buf_chars
+
+    @property
+    def settled(self) -> bool:
+        """No expected language and the text established as a language nothing drifts from:
+        neither the streaming identification nor the end judgement has anything to find."""
+        return self._settled
 
     def update(self, new: str, *, end: int, fences: int, final: bool) -> tuple[float, int] | None:
         """Take the text of one check (``end``: stream length after it; ``fences``: code fences
         seen so far). Return (confidence, onset) when drift is established."""
         from proxy.detect.language import classify, strip_noise
 
-        if self._settled and not self.keep_doubt:
+        if self._settled:
             # Nothing identification could find would be used: skip it (fastText is the
             # costliest step of a check).
             return None
@@ -189,6 +207,7 @@ class LanguageDrift:
             and end > cfg.language_dense_chars
             and self._segments % max(1, cfg.language_sample_every)
         ):
+            self._unseen += self._buf_chars
             self._buf.clear()
             self._buf_chars = 0
             return None
@@ -198,6 +217,7 @@ class LanguageDrift:
             # all) or into Chinese; drift between languages of one non-Latin script stays
             # within the close groups above. So a segment with neither is native: no need to
             # ask.
+            self._unseen = 0
             self._buf.clear()
             self._buf_chars = 0
             fade = 0.5 ** (len(segment) / max(1, cfg.language_half_life_chars))
@@ -213,8 +233,10 @@ class LanguageDrift:
         short = len(clean) < cfg.language_min_chars
         if short and not final and self._buf_chars < 4 * cfg.language_segment_chars:
             return None  # mostly code or markup so far: keep collecting
+        judged = self._buf_chars
         self._buf.clear()
         self._buf_chars = 0
+        self._unseen += judged
         # The last words of a stream are all there will be: half the usual length must do.
         if len(clean) < (cfg.language_min_chars // 2 if final else cfg.language_min_chars):
             return None
@@ -223,7 +245,9 @@ class LanguageDrift:
             return None
         code, confidence = found
         native = same_language(reference, code) if reference else False
-        if reference is not None and not native and code not in self.accepted:
+        if native or code in self.accepted:
+            self._unseen = 0
+        elif reference is not None:
             self.doubt = True
         if reference is None:
             if confidence >= cfg.language_min_confidence:

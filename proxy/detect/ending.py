@@ -119,9 +119,13 @@ def _pieces(text: str) -> Iterator[tuple[int, str]]:
 
 def identified_units(text: str) -> list[Unit]:
     """Cut ``text`` into sentence-sized units (short ones merged forward) and identify each."""
+    return list(_units(text))
+
+
+def _units(text: str) -> Iterator[Unit]:
+    """:func:`identified_units` one by one (a caller may stop after the first)."""
     from proxy.detect.language import classify, strip_noise
 
-    units: list[Unit] = []
     start = 0
     pending = ""
     for piece_start, piece in _pieces(text):
@@ -154,8 +158,7 @@ def identified_units(text: str) -> list[Unit]:
         if found is None or found[1] < UNIT_CONFIDENCE:
             found = classify(clean)
         code = found[0] if found and found[1] >= UNIT_CONFIDENCE else None
-        units.append(Unit(start, weight, code))
-    return units
+        yield Unit(start, weight, code)
 
 
 def _native(reference: str, code: str, accepted: frozenset[str]) -> bool:
@@ -169,13 +172,24 @@ def final_drift(
     ``offset`` is how much of the stream came before ``text``; ``accepted``: other languages
     the answer may be in (:func:`~proxy.detect.drift.with_close_languages` of a weak
     expectation's)."""
-    units = identified_units(text)
+    found = _units(text)
+    units: list[Unit] = []
+    if expected is None:
+        # No request language: the opening is the best guess of what was asked. Only a
+        # language with fallback languages can drift (not English): else the first unit
+        # identified settles it, and the rest need not be.
+        for unit in found:
+            units.append(unit)
+            if unit.code is not None:
+                if not fallback_languages(unit.code):
+                    return None
+                break
+    units.extend(found)
     known = [u for u in units if u.code is not None]
     if not known:
         return None
     reference = expected
     if reference is None:
-        # No request language: the opening is the best guess of what was asked.
         reference = known[0].code
     assert reference is not None
     total = sum(u.weight for u in units)

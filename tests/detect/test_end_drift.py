@@ -1,6 +1,6 @@
-"""A detector set up for a streamed answer (``end_drift = False``): the sentence-level drift
-judgement at the end is left out, and so is the language identification that only fed it;
-every verdict while streaming stays what it was."""
+"""The sentence-level drift judgement at the end: left out for a streamed answer
+(``end_drift = False``) without changing any verdict while streaming, and left out wherever the
+streaming identification leaves it nothing to find."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+import proxy.detect.detector
 import proxy.detect.language
 from proxy.cli.score import expected_language_of, split_deltas
 from proxy.detect import Detector
@@ -46,7 +47,8 @@ def test_english_without_an_expected_language_is_identified_until_established(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Without an expected language, text established as English cannot drift (nothing counts
-    as drift from English): a streamed answer stops asking fastText then."""
+    as drift from English): the detector stops asking fastText then, and the end judgement
+    does not ask it again, whether or not the answer is delivered as it streams."""
     calls: list[str] = []
     classify = proxy.detect.language.classify
 
@@ -57,18 +59,56 @@ def test_english_without_an_expected_language_is_identified_until_established(
     monkeypatch.setattr(proxy.detect.language, "classify", counted)
     rows = [json.loads(line) for line in SAMPLE.read_text(encoding="utf-8").splitlines()]
     [text] = [r["text"] for r in rows if r["id"] == "alpaca-yi-large-preview-320"]  # 4.6 k chars
-    counts = []
     for end_drift in (True, False):
         calls.clear()
         detector = Detector()
         detector.end_drift = end_drift
         for delta in split_deltas(text):
             assert detector.feed(delta) is None
-        counts.append(len(calls))
-    # Every prose segment of the first 512 characters and every other one after; then only the
-    # segments until one establishes English (confidence 0.9).
-    assert counts[0] >= 6
-    assert 1 <= counts[1] <= 3
+        # Only the segments until one establishes English (confidence 0.9).
+        assert 1 <= len(calls) <= 3
+        streaming = len(calls)
+        assert detector.finish().verdict is None
+        assert len(calls) == streaming
+
+
+def _end_judgements(
+    text: str, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, str | None]:
+    """How often the sentence-by-sentence pass ran on ``text``, and the verdict."""
+    calls: list[str] = []
+    final_drift = proxy.detect.detector.final_drift
+
+    def counted(text: str, *args: Any, **kwargs: Any) -> tuple[float, int] | None:
+        calls.append(text)
+        return final_drift(text, *args, **kwargs)
+
+    monkeypatch.setattr(proxy.detect.detector, "final_drift", counted)
+    detector = Detector(expected_language=expected)
+    assert [v for d in as_deltas(text) if (v := detector.feed(d)) is not None] == []
+    summary = detector.finish()
+    return len(calls), None if summary.verdict is None else summary.verdict.signal
+
+
+def test_a_short_answer_identified_whole_is_not_judged_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A short answer whose every segment the streaming identification found in the expected
+    language leaves no foreign ending for the sentence-by-sentence pass: it is skipped."""
+    assert _end_judgements(ENGLISH, "en", monkeypatch) == (0, None)
+    assert _end_judgements(ITALIAN[:500], "it", monkeypatch) == (0, None)
+    # Its last 158 characters fall after a segment sampled out: not seen, so judged.
+    assert _end_judgements(ITALIAN, "it", monkeypatch) == (1, None)
+
+
+def test_a_short_answer_with_an_ending_no_segment_identified_is_judged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An Italian answer that goes on in English for its last two sentences, which fall in a
+    segment the streaming identification sampled out: no segment was foreign, the ending was
+    not seen, so the sentence-by-sentence pass runs and cuts it."""
+    text = ITALIAN[:520] + " " + ENGLISH[:160]
+    assert _end_judgements(text, "it", monkeypatch) == (1, "language-drift")
 
 
 def test_a_streamed_answer_in_another_language_is_still_watched() -> None:
