@@ -31,7 +31,8 @@ SCORE_MEASURE = {
     "script-intrusion": "share of the recent letters in the foreign script",
     "language-drift": "identifier's confidence in the other language",
     "salad": "share of prose words unknown to the expected language",
-    "gibberish": "share of the text in unreadable runs, or script switches inside words",
+    "gibberish": "share of the text in unreadable runs, script switches inside words, or "
+    "replacement characters (bytes that are not text)",
     "entropy-collapse": "-ln of the mean token entropy (nats)",
 }
 

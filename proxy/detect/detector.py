@@ -43,6 +43,12 @@ from proxy.detect.script import ScriptIntrusion, scripts_of_language
 from proxy.detect.types import DetectorConfig, Summary, Verdict
 
 _NUMBER = re.compile(r"\d+")
+#: What each shape of gibberish counts (the evidence `coherence-guard explain` shows).
+_GIBBERISH_EVIDENCE = {
+    "runs": "unreadable_run_share",
+    "soup": "switches",
+    "bytes": "replacement_characters",
+}
 
 
 class Detector:
@@ -482,7 +488,7 @@ class Detector:
         found = self._gibberish.update(new, end=self._chars, final=final)
         if found is None:
             return None
-        self._evidence = {"unreadable_run_share" if found[0] == "runs" else "switches": found[1]}
+        self._evidence = {_GIBBERISH_EVIDENCE[found[0]]: found[1]}
         return self._fire("gibberish", found[1], found[2])
 
     def _check_entropy(self) -> Verdict | None:

@@ -162,6 +162,9 @@ class DetectorConfig:
     gibberish_min_switches: int = 6
     # Consecutive checks gibberish must hold before firing.
     gibberish_sustain_checks: int = 2
+    # Replacement characters (U+FFFD: bytes that are not UTF-8) in that window, outside fenced
+    # code, at which gibberish holds at once, however short the text.
+    gibberish_min_replacements: int = 3
 
     # Entropy-collapse signal on/off (needs top_logprobs from the upstream).
     entropy: bool = True
