@@ -30,8 +30,10 @@ SCORE_MEASURE = {
     "low-diversity": "1 - share of distinct words among the recent words",
     "script-intrusion": "share of the recent letters in the foreign script",
     "language-drift": "identifier's confidence in the other language",
-    "salad": "share of prose words unknown to the expected language",
-    "gibberish": "share of the text in unreadable runs, or script switches inside words",
+    "salad": "share of prose words unknown to the expected language, or 1 - share of function "
+    "words in a run of words without punctuation",
+    "gibberish": "share of the text in unreadable runs, script switches inside words, or "
+    "replacement characters (bytes that are not text)",
     "entropy-collapse": "-ln of the mean token entropy (nats)",
 }
 

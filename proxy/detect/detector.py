@@ -47,8 +47,15 @@ from proxy.detect.repetition import (
 from proxy.detect.salad import WordSalad
 from proxy.detect.script import ScriptIntrusion, scripts_of_language
 from proxy.detect.types import DetectorConfig, Summary, Verdict
+from proxy.detect.word_runs import WordRuns
 
 _NUMBER = re.compile(r"\d+")
+#: What each shape of gibberish counts (the evidence `coherence-guard explain` shows).
+_GIBBERISH_EVIDENCE = {
+    "runs": "unreadable_run_share",
+    "soup": "switches",
+    "bytes": "replacement_characters",
+}
 
 
 class Detector:
@@ -121,7 +128,9 @@ class Detector:
         self._drift = LanguageDrift(cfg, self.expected_language, self.accepted_languages)
         self._end_drift = True
         # Words are checked against one language's list: only when no other is accepted.
-        self._salad = WordSalad(cfg, None if accepted_languages - {code} else code or None)
+        judged = None if accepted_languages - {code} else code or None
+        self._salad = WordSalad(cfg, judged)
+        self._runs = WordRuns(cfg, judged)
         self._gibberish = Gibberish(cfg)
         self._entropy = EntropyWindow(cfg.entropy_window_tokens)
         self._entropy_min: float | None = None
@@ -488,13 +497,20 @@ class Detector:
 
     def _check_salad(self, new: str, final: bool) -> Verdict | None:
         found = self._salad.update(new, final=final)
-        return None if found is None else self._fire("salad", *found)
+        if found is None:
+            # Salad of real words: a run without syntax, unless it is code or a table.
+            run = self._runs.update(new, final=final)
+            if run is None or self._relax() > 1.0:
+                return None
+            self._evidence = {"function_word_share": run[0]}
+            return self._fire("salad", 1.0 - run[0], run[1])
+        return self._fire("salad", *found)
 
     def _check_gibberish(self, new: str, final: bool) -> Verdict | None:
         found = self._gibberish.update(new, end=self._chars, final=final)
         if found is None:
             return None
-        self._evidence = {"unreadable_run_share" if found[0] == "runs" else "switches": found[1]}
+        self._evidence = {_GIBBERISH_EVIDENCE[found[0]]: found[1]}
         return self._fire("gibberish", found[1], found[2])
 
     def _check_entropy(self) -> Verdict | None:

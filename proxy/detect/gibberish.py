@@ -22,6 +22,14 @@ Two shapes of it, both seen when a small model's sampling is pushed far from its
   Latin ligature, a technical symbol into a letterlike one). The signal counts those changes,
   in the sense of Unicode's mixed-script detection (UTS #39), over a window.
 
+A third shape is not language at all: **bytes that never became text**. A model that writes
+byte tokens out of order (a broken emoji, half of a multi-byte character) leaves a sequence
+that is not UTF-8, and the decoder (the engine's, or the proxy's) writes U+FFFD, the
+replacement character, for it: ``🐈😻🐾🎁😊���ન️``. Engines hold back a character's first bytes
+until it is whole, so a replacement character in an answer is a byte sequence that never
+completed. Text means to write one rarely and alone (an answer about encodings); a few of them
+are evidence at once, whatever the length of the text (fenced code is not counted).
+
 Incremental and cheap: each check looks at its new text once, with C-implemented regular
 expressions; an ASCII-only check (most English) costs one ``str.isascii`` for the soup and one
 regular expression scan for the letter runs. A token split across checks is held back until
@@ -37,6 +45,8 @@ from proxy.detect.types import DetectorConfig
 
 #: Judged text kept to place the onset (a few checks' worth).
 _RECENT_CHARS = 1024
+#: U+FFFD, what a decoder writes for bytes that are not UTF-8.
+_REPLACEMENT = "\ufffd"
 
 # ----------------------------------------------------------------------------- letter runs
 
@@ -142,6 +152,19 @@ def script_changes(text: str) -> int:
     return 0 if text.isascii() else len(_SWITCH.findall(text))
 
 
+def blank_fences(text: str, fenced: bool, fill: str) -> tuple[str, bool]:
+    """``text`` with fenced code (and its fences) replaced by ``fill``, character for character,
+    so offsets stay; ``fenced`` says whether the text starts inside a fence, and the second
+    value whether it ends inside one."""
+    parts = text.split("```")
+    keep = []
+    for i, part in enumerate(parts):
+        if i:
+            fenced = not fenced
+        keep.append(fill * len(part) if fenced else part)
+    return (fill * 3).join(keep), fenced
+
+
 class Gibberish:
     """Gibberish state of one stream: the last ``gibberish_window_checks`` checks' counts."""
 
@@ -156,8 +179,9 @@ class Gibberish:
         self._carry = ""
         self._carry_at = 0
         self._fenced = False
-        # per check: (visible characters, characters in run tokens, script switches, onset)
-        self._checks: deque[tuple[int, int, int, int]] = deque(
+        # per check: (visible characters, characters in run tokens, script switches, onset,
+        # replacement characters)
+        self._checks: deque[tuple[int, int, int, int, int]] = deque(
             maxlen=max(1, config.gibberish_window_checks)
         )
         self._streak = 0
@@ -183,26 +207,25 @@ class Gibberish:
             text = self._prose(text)
         visible = len(text) - text.count(" ") - text.count("\n") - text.count("\t")
         in_runs, first = self._runs(text, base)
-        switches = 0
+        switches = replaced = 0
         if not text.isascii():
             found = _SWITCH.search(text)
             if found is not None:
                 switches = len(_SWITCH.findall(text))
                 first = min(first, base + found.start()) if first >= 0 else base + found.start()
-        self._checks.append((visible, in_runs, switches, first))
+            replaced = text.count(_REPLACEMENT)
+            if replaced:
+                at = base + text.find(_REPLACEMENT)
+                first = min(first, at) if first >= 0 else at
+        self._checks.append((visible, in_runs, switches, first, replaced))
         self._recent = (self._recent + buf[:cut])[-_RECENT_CHARS:]
         self._recent_end = base + cut
         return self._judge(end)
 
     def _prose(self, text: str) -> str:
         """``text`` without fenced code (following fences across checks)."""
-        parts = text.split("```")
-        keep = []
-        for i, part in enumerate(parts):
-            if i:
-                self._fenced = not self._fenced
-            keep.append(" " * len(part) if self._fenced else part)
-        return " ".join(keep)
+        text, self._fenced = blank_fences(text, self._fenced, " ")
+        return text
 
     def _runs(self, text: str, base: int) -> tuple[int, int]:
         """Characters of ``text`` in long single-case letter stretches of prose tokens, and
@@ -229,6 +252,11 @@ class Gibberish:
     def _judge(self, end: int) -> tuple[str, float, int] | None:
         cfg = self.config
         checks = self._checks
+        replaced = sum(c[4] for c in checks)
+        if replaced >= cfg.gibberish_min_replacements:
+            # Bytes that never became text: evidence at once, in a text of any length.
+            onsets = [c[3] for c in checks if c[4]]
+            return "bytes", float(replaced), self._sentence_start(onsets[0])
         visible = sum(c[0] for c in checks)
         if visible < cfg.gibberish_min_chars:
             self._streak = 0

@@ -68,6 +68,11 @@ _SEPARATORS = frozenset(",;")
 #: Characters of whitespace that may stand between two items of an enumeration.
 _GAP = 16
 _SEEN_MAX = 50_000
+#: The last frequency band of the words :meth:`Lexicon.is_common` holds: band ``i`` holds the
+#: words of frequency 10^(-i/100), so band 600 is one in a million (Zipf 3).
+COMMON_BAND = 600
+#: How many of a language's most frequent words are its function words.
+FUNCTION_WORDS = 100
 
 
 class ProseWords:
@@ -192,10 +197,23 @@ class Lexicon:
     ``hash`` of a string is salted per process, which is fine: the array is built and queried in
     the same process. A collision between an invented word and one of ~700,000 listed words has
     a chance of about 10⁻¹³ per lookup.
+
+    Two smaller views of the same list serve :mod:`proxy.detect.word_runs`: ``common``, the
+    sorted hashes of the words of at least one in a million (wordfreq's Zipf 3, the floor of its
+    "small" lists: 30,000 to 60,000 words), and ``function_words``, the language's
+    :data:`FUNCTION_WORDS` most frequent words ("the", "of", "and"; "die", "und"; "в", "и"),
+    the words that make a sentence out of a string of content words.
     """
 
-    def __init__(self, hashes: array[int]) -> None:
+    def __init__(
+        self,
+        hashes: array[int],
+        common: array[int] | None = None,
+        function_words: frozenset[str] = frozenset(),
+    ) -> None:
         self.hashes = hashes
+        self.common = common if common is not None else array("q")
+        self.function_words = function_words
         # Listed words already looked up: a binary search in the array costs ~20 boxed
         # comparisons, a set hit one, and prose repeats its common words. Only dictionary words
         # are kept (never a stream's unknown words: names, identifiers), and at most _SEEN_MAX.
@@ -228,6 +246,13 @@ class Lexicon:
             if not unknown(word[:i]) and not unknown(word[i:]):
                 return True
         return False
+
+    def is_common(self, word: str) -> bool:
+        """Whether ``word`` (lower-case) is among the list's words of at least one in a million."""
+        h = hash(word if word.isascii() else normalise(word))
+        common = self.common
+        i = bisect_left(common, h)
+        return i < len(common) and common[i] == h
 
     def __len__(self) -> int:
         return len(self.hashes)
@@ -296,11 +321,29 @@ def sorted_ranges(runs: Iterable[list[_T]], key: Callable[[_T], int]) -> list[li
 
 def read_hashes(path: Path) -> array[int]:
     """The sorted hashes of every word of a wordfreq list file (:func:`read_bands`)."""
+    return read_lexicon(path).hashes
+
+
+def read_lexicon(path: Path) -> Lexicon:
+    """A :class:`Lexicon` of a wordfreq list file, read in one pass over its bands."""
+    common: list[int] = []
+    top: list[str] = []
+
+    def runs() -> Iterator[list[int]]:
+        for band, words in read_bands(path):
+            found = list(map(hash, words))
+            if band <= COMMON_BAND:
+                common.extend(found)
+            if len(top) < FUNCTION_WORDS:
+                # The most frequent *words*: the lists also hold digit tokens ("00", "0000").
+                top.extend(w for w in words if w.isalpha())
+            yield found
+
     hashes = array("q")
-    runs = (list(map(hash, words)) for _, words in read_bands(path))
-    for part in sorted_ranges(runs, key=int):  # int: the hash itself
+    for part in sorted_ranges(runs(), key=int):  # int: the hash itself
         hashes.extend(part)
-    return hashes
+    common.sort()  # 30,000 to 60,000 hashes: a few milliseconds
+    return Lexicon(hashes, array("q", common), frozenset(top[:FUNCTION_WORDS]))
 
 
 @functools.cache
@@ -311,7 +354,7 @@ def lexicon(language: str) -> Lexicon | None:
     signal itself only asks for :data:`SALAD_LANGUAGES`.
     """
     path = list_path(language)
-    return None if path is None else Lexicon(read_hashes(path))
+    return None if path is None else read_lexicon(path)
 
 
 class WordSalad:

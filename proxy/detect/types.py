@@ -124,7 +124,8 @@ class DetectorConfig:
     end_drift_chars: int = 2048
 
     # Word-salad signal on/off: share of prose words missing from the expected language's
-    # wordfreq list (de, es, fr, it, nl, pl, pt, ru; only when the expected language is known).
+    # wordfreq list, and runs of real words without syntax (de, en, es, fr, it, nl, pl, pt, ru;
+    # only when the expected language is known).
     salad: bool = True
     # Recent prose words (lower-case, 4+ letters, outside code) the salad share is taken over.
     salad_window_words: int = 60
@@ -145,6 +146,15 @@ class DetectorConfig:
     salad_end_min_unknown_share: float = 0.25
     # Distinct unknown words the end-of-stream judgement needs.
     salad_end_min_distinct_unknown: int = 3
+    # Salad of real words (proxy/detect/word_runs.py): counted words (lower-case words and
+    # function words) of one run without punctuation or line break that are judged together.
+    salad_run_words: int = 40
+    # Share of the language's 100 most frequent words in such a window at or below which it is
+    # a heap of words, not sentences (running English holds 45 %).
+    salad_run_max_function_share: float = 0.15
+    # Counted words of the sentence the answer must have written before such a run (a normal
+    # start: a run ended by punctuation with more function words than the bar).
+    salad_run_min_sentence_words: int = 8
 
     # Gibberish signal on/off (proxy/detect/gibberish.py): long single-case letter runs with no
     # word boundary, and script changes inside words between unrelated scripts (script soup).
@@ -162,6 +172,9 @@ class DetectorConfig:
     gibberish_min_switches: int = 6
     # Consecutive checks gibberish must hold before firing.
     gibberish_sustain_checks: int = 2
+    # Replacement characters (U+FFFD: bytes that are not UTF-8) in that window, outside fenced
+    # code, at which gibberish holds at once, however short the text.
+    gibberish_min_replacements: int = 3
 
     # Entropy-collapse signal on/off (needs top_logprobs from the upstream).
     entropy: bool = True

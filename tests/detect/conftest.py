@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from proxy.detect import Detector, DetectorConfig, Summary
@@ -22,3 +23,14 @@ def stream(
         if detector.feed(delta, logprobs=logprobs) is not None:
             break
     return detector.finish()
+
+
+def only(*signals: str) -> DetectorConfig:
+    """The default configuration with every on/off switch off but ``signals``'."""
+    return DetectorConfig(
+        **{
+            f.name: False
+            for f in dataclasses.fields(DetectorConfig)
+            if f.type in (bool, "bool") and f.name not in signals
+        }
+    )

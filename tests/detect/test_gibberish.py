@@ -112,3 +112,37 @@ def test_json_output_is_not_judged() -> None:
 def test_off_switch() -> None:
     off = dataclasses.replace(ONLY_GIBBERISH, gibberish=False)
     assert stream(_run_on(SOUP), off).verdict is None
+
+
+#: A real answer of the real-answer set's tuning half (``ae-Mistral-7B-Instruct-v0.3-537``,
+#: "Use appropriate emojis to convey the meaning in the given text. Cute cat playful Soft"),
+#: read as gibberish: a broken byte sequence (three replacement characters and a stray
+#: Gujarati letter) between valid emojis.
+BROKEN_BYTES = "🐈😻🐾🎁😊\ufffd\ufffd\ufffdન️🧖\u200d♀️"
+
+
+def test_bytes_that_never_became_text_are_gibberish_in_a_short_answer() -> None:
+    """Three replacement characters are evidence at once, in an answer of 14 characters (far
+    below the letter-run and soup shapes' 200): the verdict comes with the finish, its onset
+    where the broken bytes start."""
+    detector = Detector(ONLY_GIBBERISH)
+    for char in BROKEN_BYTES:
+        assert detector.feed(char) is None
+    verdict = detector.finish().verdict
+    assert verdict is not None and verdict.signal == "gibberish"
+    assert verdict.onset_char <= BROKEN_BYTES.index("\ufffd")
+    assert detector.evidence == {"replacement_characters": 3.0}
+
+
+def test_a_replacement_character_mentioned_or_in_code_is_not_gibberish() -> None:
+    """Text that means to write U+FFFD (an answer about encodings) writes it once or twice;
+    inside fenced code it is output being shown, not written."""
+    mentioned = (
+        "When a decoder meets bytes that are not valid UTF-8, it writes the replacement "
+        "character \ufffd (U+FFFD) in their place, so a file read with the wrong encoding shows "
+        "\ufffd where each accented letter should be. Reading it again with the encoding it "
+        "was written in brings the letters back, and nothing else in the file changes."
+    )
+    assert stream(mentioned, ONLY_GIBBERISH).verdict is None
+    shown = OPENING + "The log then shows:\n\n```\nname: caf\ufffd\ufffd\ufffd\n```\n"
+    assert stream(shown, ONLY_GIBBERISH).verdict is None
