@@ -1,6 +1,6 @@
 """Build ``bench/data/language_answers.jsonl.gz``: real engine answers to the prompts of
-``bench/language_prompts.py`` (English prompts about languages, explicit requests), for
-``bench/measure_language_strength.py``.
+``bench/data/language_prompts.py`` (English prompts about languages, explicit requests), for
+``bench/measure/language/measure_language_strength.py``.
 
 The engine is SmolLM2-135M-Instruct (Q4_1 GGUF) served by llama.cpp's server (the one
 ``scripts/prepare-e2e.sh`` installs; ``python -m tests.e2e.llama_server``), asked through its
@@ -9,7 +9,7 @@ OpenAI-compatible chat route, so the model's own chat template applies. Sampling
 
     python -m tests.e2e.llama_server --model SmolLM2-135M-Instruct.Q4_1.gguf --port 8093 \\
         --parallel 8 --threads 1       # in the llama.cpp venv
-    python bench/build_language_answers.py --url http://127.0.0.1:8093
+    python bench/data/build_language_answers.py --url http://127.0.0.1:8093
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from language_prompts import about_prompts, explicit_prompts
 
-OUT = Path(__file__).resolve().parent / "data" / "language_answers.jsonl.gz"
+OUT = Path(__file__).resolve().parent / "language_answers.jsonl.gz"
 
 
 def ask(client: httpx.Client, url: str, row: dict[str, Any], seed: int) -> dict[str, Any]:

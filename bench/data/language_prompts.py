@@ -1,4 +1,4 @@
-"""Prompt sets of the language-strength measurement (``bench/measure_language_strength.py``).
+"""The prompt sets of ``bench/measure/language/measure_language_strength.py`` (language strength).
 
 * ``about_prompts()``: English prompts *about* a language (grammar, words, sounds, learning,
   culture, "In X, how do you …", translation questions) — the answer is English with words of

@@ -8,8 +8,9 @@ that build is not thread-safe: now and then a thread raises from inside the stre
 before the tests that run clients side by side. Prints how many threads raised, and what. Run it
 several times: one process either hits the race or not.
 
-    for i in $(seq 20); do python bench/sdk_first_use_race.py; done | sort | uniq -c
-    for i in $(seq 20); do python bench/sdk_first_use_race.py --warm; done | sort | uniq -c
+    for i in $(seq 20); do python bench/measure/clients/sdk_first_use_race.py; done | sort | uniq -c
+    for i in $(seq 20); do python bench/measure/clients/sdk_first_use_race.py --warm; done \\
+        | sort | uniq -c
 """
 
 from __future__ import annotations

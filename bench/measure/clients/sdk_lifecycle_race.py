@@ -10,8 +10,8 @@ in this fresh process. It prints how many were built as some other class than
 ``ResponseCompletedEvent`` or with their response left a dict (whose id the stream helper reads
 as None). With the field in place the event validates and the loose path is never taken.
 
-    python bench/sdk_lifecycle_race.py --threads 1
-    python bench/sdk_lifecycle_race.py --threads 2
+    python bench/measure/clients/sdk_lifecycle_race.py --threads 1
+    python bench/measure/clients/sdk_lifecycle_race.py --threads 2
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from openai.types.responses import ResponseStreamEvent
 from proxy.core.guard import GuardPolicy, StreamGuard
 from proxy.detect import Detector
 
-LOOP = Path(__file__).parent.parent / "tests" / "streams" / "surfaces" / "responses_vllm_loop.sse"
+ROOT = Path(__file__).resolve().parents[3]
+LOOP = ROOT / "tests" / "streams" / "surfaces" / "responses_vllm_loop.sse"
 
 
 def old_ending() -> dict[str, Any]:

@@ -6,7 +6,7 @@ texts of a corpus, streamed in 128-character checks as the relay does, alternati
 versions round after round so the shared machine's load hits both alike::
 
     git show main:proxy/detect/blocks.py > /tmp/blocks_before.py
-    python bench/bench_blocks.py /tmp/blocks_before.py ../shared/corpus/dev.jsonl
+    python bench/measure/detector/bench_blocks.py /tmp/blocks_before.py ../shared/corpus/dev.jsonl
 
 Prints the minimum and median process time per check of each version over the rounds.
 """
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _load(path: Path, name: str) -> ModuleType:

@@ -4,7 +4,7 @@ Streams texts through :class:`proxy.detect.Detector` in the same token-sized del
 CLI uses and reports characters per second of detector time (one core) and the peak memory one
 detector holds after a long stream. Run::
 
-    python bench/bench_detector.py [CORPUS.jsonl] [--limit N] [--repeat R]
+    python bench/measure/detector/bench_detector.py [CORPUS.jsonl] [--limit N] [--repeat R]
 
 Without a corpus it uses the texts under ``tests/data/detect/``. Not a test: timings are
 reported, never asserted.
@@ -24,7 +24,7 @@ from pathlib import Path
 from proxy.cli.score import split_deltas
 from proxy.detect import Detector, DetectorConfig
 
-_DEFAULT = Path(__file__).resolve().parent.parent / "tests" / "data" / "detect" / "sample.jsonl"
+_DEFAULT = Path(__file__).resolve().parents[3] / "tests" / "data" / "detect" / "sample.jsonl"
 
 
 def _texts(path: Path, limit: int | None) -> list[str]:

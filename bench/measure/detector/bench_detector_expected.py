@@ -1,10 +1,10 @@
-"""Detector speed with and without an expected language: every text of a corpus with no
-language expected (``bench/bench_detector.py``'s case, the gibberish signal on), and the English
-texts with English expected (the English salad signal on). Process time, 4-character deltas.
+"""Detector speed with and without an expected language: every text of a corpus with no language
+expected (``bench/measure/detector/bench_detector.py``'s case, the gibberish signal on), and the
+English texts with English expected (the English salad signal on). Process time, 4-character deltas.
 
 Run it once per source tree to compare two versions, alternating on the same machine::
 
-    PYTHONPATH=. python bench/bench_detector_expected.py ../shared/corpus/dev.jsonl
+    PYTHONPATH=. python bench/measure/detector/bench_detector_expected.py ../shared/corpus/dev.jsonl
 """
 
 from __future__ import annotations

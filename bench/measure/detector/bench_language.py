@@ -5,7 +5,7 @@ what is measured: healthy texts of the corpus with a known ``lang`` are cut into
 (code, URLs, numbers and markup removed, as the detector does), and each candidate labels them.
 Candidates that are not installed are reported as such. Run::
 
-    python bench/bench_language.py CORPUS.jsonl [--segments N]
+    python bench/measure/detector/bench_language.py CORPUS.jsonl [--segments N]
 
 Not a test: numbers are reported, never asserted.
 """

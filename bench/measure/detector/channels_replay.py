@@ -17,7 +17,7 @@ with real texts of the development corpus spliced in (tests/reasoning_streams.py
 Run with the code under test first on ``PYTHONPATH`` (e.g. an older ``proxy`` exported
 with ``git archive`` to compare)::
 
-    python bench/channels_replay.py [--corpus ../shared/corpus/dev.jsonl] [--json]
+    python bench/measure/detector/channels_replay.py [--corpus ../shared/corpus/dev.jsonl] [--json]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))  # after PYTHONPATH: it picks `proxy`
+sys.path.append(str(Path(__file__).resolve().parents[3]))  # after PYTHONPATH: it picks `proxy`
 
 from proxy.core.guard import GuardPolicy, StreamGuard
 from proxy.detect import Detector
@@ -62,7 +62,7 @@ def trim(text: str, limit: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[3]
     ap.add_argument("--corpus", default=str(root.parent / "shared" / "corpus" / "dev.jsonl"))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()

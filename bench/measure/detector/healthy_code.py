@@ -8,9 +8,11 @@ extension upgrade scripts: migrations), YAML, Perl, Go, Rust, CSS, CMake — and
 one through :class:`proxy.detect.Detector` twice: bare (a code completion) and inside a
 Markdown fence after a sentence (a chat answer). Every verdict is a false positive::
 
-    python bench/healthy_code.py                    # default sample, per language and signal
-    python bench/healthy_code.py --per-language 40  # a smaller sample
-    python bench/healthy_code.py --list paths.txt   # write the sampled paths
+    python bench/measure/detector/healthy_code.py                    # the default sample
+    python bench/measure/detector/healthy_code.py --per-language 40  # a smaller sample
+    python bench/measure/detector/healthy_code.py --list paths.txt   # write the sampled paths
+
+(The default sample is reported per language and signal.)
 
 The sample is deterministic for a given machine image (paths sorted, then a seeded shuffle),
 files of at least 2,000 characters, each cut at its first 16,000 (about what 4,096 tokens of
@@ -27,7 +29,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from proxy.cli.score import split_deltas  # noqa: E402

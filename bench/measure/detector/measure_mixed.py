@@ -1,10 +1,10 @@
 """False alarms of the gibberish and salad signals on real mixed text, and their recall on the
 labelled sets, in one table.
 
-    python bench/measure_mixed.py                       # every set (a minute or two)
-    python bench/measure_mixed.py --show                # also what fired, and where
-    MEASURE_PROXY_ROOT=/path/to/other/checkout python bench/measure_mixed.py
-                                                        # the same data through another version
+    python bench/measure/detector/measure_mixed.py         # every set (a minute or two)
+    python bench/measure/detector/measure_mixed.py --show  # also what fired, and where
+    # the same data through another version:
+    MEASURE_PROXY_ROOT=/path/to/other/checkout python bench/measure/detector/measure_mixed.py
 
 Sets (each text streamed through the real ``Detector`` in token-sized deltas, with every other
 signal on too, so a row says what a request would get):
@@ -31,7 +31,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, os.environ.get("MEASURE_PROXY_ROOT", str(ROOT)))
 
 from proxy.cli.score import split_deltas  # noqa: E402

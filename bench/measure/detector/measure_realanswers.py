@@ -10,11 +10,11 @@ Each answer is judged as the relay judges a streamed answer: the expectation
 :func:`proxy.core.rewrite.rewrite_request` derives from the real prompt (default settings), the
 answer fed in the fake engine's word-sized deltas, and the end-of-answer judgement at its
 finish. ``--proxy`` replays the answers through a running proxy instead
-(``bench/replay_realanswers.py``; same verdicts, slower)::
+(``bench/measure/detector/replay_realanswers.py``; same verdicts, slower)::
 
-    python bench/measure_realanswers.py --half tune            # the half rules are tuned on
-    python bench/measure_realanswers.py --half held --misses   # the set-aside half
-    python bench/measure_realanswers.py --half tune --cuts     # print every healthy answer cut
+    python bench/measure/detector/measure_realanswers.py --half tune           # rules tuned on it
+    python bench/measure/detector/measure_realanswers.py --half held --misses  # the set-aside half
+    python bench/measure/detector/measure_realanswers.py --half tune --cuts    # each healthy cut
 
 Figures: healthy answers cut (by signal), degenerations caught by kind, characters from the
 reader's onset to the verdict (median, p90; a verdict at the finish counts the whole answer),
@@ -34,7 +34,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, os.environ.get("MEASURE_PROXY_ROOT", str(ROOT)))
 
 DATA = ROOT.parent / "shared" / "realanswers" / "alpacaeval-dev.jsonl"
@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--replay",
         type=Path,
-        help="take the verdicts from a bench/replay_realanswers.py file (what a client of a "
-        "running proxy got) instead of judging here",
+        help="take the verdicts from a bench/measure/detector/replay_realanswers.py file (what a "
+        "client of a running proxy got) instead of judging here",
     )
     args = parser.parse_args(argv)
     rows, labels = load(args.half)

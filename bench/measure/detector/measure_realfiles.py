@@ -7,9 +7,9 @@ alarm. Each piece is judged as the relay judges a streamed answer to an English 
 fake engine's word-sized deltas, the end-of-answer judgement at the finish), twice: as it is
 (``raw``), and inside a Markdown code fence (``fenced``, as a model shows a file)::
 
-    python bench/measure_realfiles.py                 # false alarms per group, raw and fenced
-    python bench/measure_realfiles.py --list          # every verdict: id, signal, source
-    python bench/measure_realfiles.py --kind licence --list
+    python bench/measure/detector/measure_realfiles.py         # false alarms per group
+    python bench/measure/detector/measure_realfiles.py --list  # every verdict: id, signal, source
+    python bench/measure/detector/measure_realfiles.py --kind licence --list
 
 The verdicts read and judged are kept in ``bench/data/realfiles_verdicts.jsonl``.
 """
@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, os.environ.get("MEASURE_PROXY_ROOT", str(ROOT)))
 
 DATA = ROOT / "bench" / "data" / "realfiles.jsonl.gz"

@@ -1,10 +1,10 @@
 """Measure word-salad signals on the development corpus and the real-engine set.
 
-Word salad (invented words mixing fragments of related languages, which a character-n-gram
-language identifier still calls the expected language) needs a signal of its own. Candidates
-measured here, per text, for healthy texts of the development corpus and for the real-engine
-generations read and labelled ``salad`` / ``real`` in ``salad_labels.jsonl`` (procedure in
-``REALGEN.md``, "Word-salad labels"):
+Word salad (invented words mixing fragments of related languages, which a character-n-gram language
+identifier still calls the expected language) needs a signal of its own. Candidates measured here,
+per text, for healthy texts of the development corpus and for the real-engine generations read and
+labelled ``salad`` / ``real`` in ``bench/data/salad_labels.jsonl`` (procedure in
+``bench/data/REALGEN.md``, "Word-salad labels"):
 
 * ``confidence``: mean fastText confidence in the expected language over 128-character
   segments (0 for a segment identified as another language) — the "confidence collapse" idea;
@@ -19,7 +19,9 @@ generations read and labelled ``salad`` / ``real`` in ``salad_labels.jsonl`` (pr
 Run (``pyspellchecker`` is optional: without it the first two candidates are skipped)::
 
     pip install pyspellchecker   # optional
-    python bench/data/measure_salad.py ../shared/corpus/dev.jsonl bench/data/realgen.jsonl.gz
+    python bench/measure/detector/measure_salad.py DEV.jsonl bench/data/realgen.jsonl.gz
+
+(``DEV.jsonl``: the development corpus, ``../shared/corpus/dev.jsonl``.)
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from proxy.detect.salad import SALAD_LANGUAGES, lexicon, prose_words
 
 _WORD = re.compile(r"[^\W\d_]{3,}")
 _LISTS = {"en", "de", "es", "fr", "it", "nl", "pt", "ru"}
-_LABELS = Path(__file__).with_name("salad_labels.jsonl")
+_LABELS = Path(__file__).resolve().parents[3] / "bench" / "data" / "salad_labels.jsonl"
 _WINDOW = 60
 _THRESHOLDS = (0.15, 0.2, 0.25, 0.3, 0.35)
 

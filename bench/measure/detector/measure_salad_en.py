@@ -12,8 +12,8 @@ characters from the reader's onset to the verdict (median, p90) and verdicts bef
 for ``sentences`` (clumsy or looping, but sentences), every ``salad`` or ``gibberish``
 verdict, each a false alarm of those signals. ``--list`` prints every answer's verdict::
 
-    python bench/measure_salad_en.py [--list]
-    MEASURE_PROXY_ROOT=/path/to/previous/checkout python bench/measure_salad_en.py
+    python bench/measure/detector/measure_salad_en.py [--list]
+    MEASURE_PROXY_ROOT=/path/to/previous/checkout python bench/measure/detector/measure_salad_en.py
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, os.environ.get("MEASURE_PROXY_ROOT", str(ROOT)))
-sys.path.insert(1, str(ROOT / "bench"))
+sys.path.insert(1, str(ROOT / "bench" / "measure" / "detector"))
 
 from measure_realanswers import judge  # noqa: E402  (the relay's judgement of an answer)
 

@@ -7,9 +7,9 @@ through the proxy under uvicorn with default settings (or the ``GUARD_*`` variab
 environment). What the client received is written per row: where the answer was cut (the
 characters it got), the finish reason, the guard's signal, and the ``x-guard-language`` header::
 
-    python bench/replay_realanswers.py --half tune -o tune.jsonl
-    python bench/replay_realanswers.py --half held -o held.jsonl
-    python bench/replay_realanswers.py --ids ID [ID ...]        # a few rows, printed
+    python bench/measure/detector/replay_realanswers.py --half tune -o tune.jsonl
+    python bench/measure/detector/replay_realanswers.py --half held -o held.jsonl
+    python bench/measure/detector/replay_realanswers.py --ids ID [ID ...]   # a few rows, printed
 
 ``--half`` takes the split of ``bench/data/realanswers_split.json`` (by model, fixed before
 any rule changed). ``MEASURE_PROXY_ROOT`` runs another checkout's proxy on the same rows.
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, os.environ.get("MEASURE_PROXY_ROOT", str(ROOT)))
 
 import httpx  # noqa: E402

@@ -21,8 +21,10 @@ It prints, for a grid of ``τ``, ``K``, ``M`` and ``N``: degenerate answers caug
 the 12 the surface signal misses), characters from the onset to the verdict, the set's healthy
 answers with a verdict, and real healthy texts of a corpus with a verdict::
 
-    python bench/semantic_loops.py                                     # the set alone
-    python bench/semantic_loops.py --corpus ../shared/corpus/dev.jsonl # and its healthy texts
+    python bench/measure/detector/semantic_loops.py                # the set alone
+    python bench/measure/detector/semantic_loops.py --corpus DEV.jsonl   # and its healthy texts
+
+(``DEV.jsonl``: the development corpus, ``../shared/corpus/dev.jsonl``.)
 
 Needs ``numpy`` and ``tokenizers`` (``pip install numpy tokenizers``); neither is a dependency
 of the proxy. Not a test: the weights are not in the repository.
@@ -46,7 +48,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 SET = ROOT / "bench" / "data" / "blockloops.jsonl.gz"

@@ -10,8 +10,8 @@ feeds every text the way the scorer does (same deltas, same expected language, t
 tokens and logprobs where a row has them) and writes, per text, where the verdict fired while
 streaming and where the full decision fired::
 
-    python bench/stream_verdicts.py ../shared/corpus/dev.jsonl -o after.json
-    python bench/stream_verdicts.py --compare before.json after.json
+    python bench/measure/detector/stream_verdicts.py ../shared/corpus/dev.jsonl -o after.json
+    python bench/measure/detector/stream_verdicts.py --compare before.json after.json
 
 ``--compare`` takes two such files made from two trees (the code before and after a change to
 the streaming checks) and prints how many characters later (or earlier) each mid-stream verdict
@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from proxy.cli.score import (  # noqa: E402

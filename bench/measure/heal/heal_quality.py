@@ -19,7 +19,7 @@ for a healed one whether its continuation (the text after ``onset_char``) is coh
 Run against a vLLM you started (the e2e engine: ``~/.cache/coherence-guard-e2e/manifest.json``
 has its command)::
 
-    python bench/heal_quality.py --engine http://127.0.0.1:8000 --output heal.jsonl \\
+    python bench/measure/heal/heal_quality.py --engine http://127.0.0.1:8000 --output heal.jsonl \\
         [--set long|fit] [--setting HEAL_FREQUENCY_PENALTY_STEP=0.3 ...]
 
 ``--judge OLD.jsonl --output NEW.jsonl`` judges earlier answers again with this validator.
@@ -41,7 +41,7 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from proxy.detect import Detector  # noqa: E402

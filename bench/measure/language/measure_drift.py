@@ -1,13 +1,13 @@
 """Drift after a correct start: real answers that begin in the requested language and leave it
 mid-sentence or mid-list, and whether the detector catches them.
 
-    python bench/measure_drift.py              # figures (a few minutes on one core)
-    python bench/measure_drift.py --misses     # also print each miss
-    MEASURE_PROXY_ROOT=/path/to/other/checkout python bench/measure_drift.py
-                                               # the same splices through another version
+    python bench/measure/language/measure_drift.py           # figures (minutes on one core)
+    python bench/measure/language/measure_drift.py --misses  # also print each miss
+    # the same splices through another version:
+    MEASURE_PROXY_ROOT=/path/to/other/checkout python bench/measure/language/measure_drift.py
 
-The start is a real healthy text in language L (``bench/measure_language.py``'s corpus texts
-and real-engine answers, lists and Markdown included) cut after 150 to 600 characters at one of:
+The start is a real healthy text in language L (``measure_language.py``'s corpus texts and
+real-engine answers, lists and Markdown included) cut after 150 to 600 characters at one of:
 
 * ``line``: a line end; ``sentence``: a sentence end; ``mid``: inside a sentence, at a word
   boundary (the model changes language in the middle of a clause);

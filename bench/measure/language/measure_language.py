@@ -1,9 +1,9 @@
 """Measure the requested-language derivation and the language checks against it.
 
-    python bench/measure_language.py            # all figures (about a minute on one core)
-    python bench/measure_language.py --misses   # also print what was missed / flagged
-    MEASURE_PROXY_ROOT=/path/to/other/checkout python bench/measure_language.py
-                                                # the same data through another version
+    python bench/measure/language/measure_language.py           # all figures (a minute, 1 core)
+    python bench/measure/language/measure_language.py --misses  # also what was missed / flagged
+    # the same data through another version:
+    MEASURE_PROXY_ROOT=/path/to/other/checkout python bench/measure/language/measure_language.py
 
 What is measured (figures in docs/language.md):
 
@@ -38,7 +38,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, os.environ.get("MEASURE_PROXY_ROOT", str(ROOT)))
 
 from proxy.cli.score import split_deltas  # noqa: E402

@@ -21,8 +21,10 @@ streams a real text from ``bench/data/language_pool.jsonl.gz``:
 
 ::
 
-    python bench/measure_language_blind.py bench/data/language_shapes_dev.jsonl --misses
-    MEASURE_PROXY_ROOT=/path/to/other/checkout python bench/measure_language_blind.py FILE
+    python bench/measure/language/measure_language_blind.py \\
+        bench/data/language_shapes_dev.jsonl --misses
+    MEASURE_PROXY_ROOT=/path/to/other/checkout \\
+        python bench/measure/language/measure_language_blind.py FILE
 
 The proxy's verdicts are read from its own metrics (``guard_detections_total`` by signal and
 action), one request at a time.
@@ -40,7 +42,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, os.environ.get("MEASURE_PROXY_ROOT", str(ROOT)))
 
 import httpx  # noqa: E402

@@ -1,11 +1,12 @@
 """Measure expectation strength: answers about languages, explicit requests, and ``auto``.
 
-    python bench/measure_language_strength.py            # figures in docs/language.md
-    python bench/measure_language_strength.py --misses   # also print every miss and wrong cut
-    MEASURE_PROXY_ROOT=/path/to/other/checkout python bench/measure_language_strength.py
-                                                         # the same data through another version
+    python bench/measure/language/measure_language_strength.py           # docs/language.md
+    python bench/measure/language/measure_language_strength.py --misses  # each miss, wrong cut
+    # the same data through another version:
+    MEASURE_PROXY_ROOT=/path/to/other/checkout \\
+        python bench/measure/language/measure_language_strength.py
 
-The prompts are ``bench/language_prompts.py``; the engine answers are
+The prompts are ``bench/data/language_prompts.py``; the engine answers are
 ``bench/data/language_answers.jsonl.gz`` (SmolLM2-135M by llama.cpp, ``bench/
 build_language_answers.py``). Every answer is streamed through the detector as vLLM streams
 it (token-sized deltas), with the expectation ``rewrite_request`` derives, as the proxy does:
@@ -38,9 +39,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, os.environ.get("MEASURE_PROXY_ROOT", str(ROOT)))
-sys.path.insert(1, str(ROOT / "bench"))
+sys.path.insert(1, str(ROOT / "bench" / "data"))
 
 from language_prompts import crosslingual_prompts, explicit_prompts  # noqa: E402
 

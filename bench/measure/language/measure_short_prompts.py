@@ -1,15 +1,17 @@
 """Measure the expectation derived from short questions that are not the measured dev questions.
 
-    python bench/measure_short_prompts.py            # figures (a few seconds)
-    python bench/measure_short_prompts.py --misses   # also print every miss and false expectation
-    MEASURE_PROXY_ROOT=/path/to/other/checkout python bench/measure_short_prompts.py
+    python bench/measure/language/measure_short_prompts.py           # figures (a few seconds)
+    python bench/measure/language/measure_short_prompts.py --misses  # each miss, false expectation
+    # the same data through another version:
+    MEASURE_PROXY_ROOT=/path/to/other/checkout \\
+        python bench/measure/language/measure_short_prompts.py
 
 The data is ``bench/data/short_questions.jsonl``: short questions (2 to 8 words) in 16
 languages and short English questions, many of them naming foreign things ("What is a Japanese
 tea ceremony?", "Who was Simon Bolivar?"). They were written for this project from general
 knowledge, across many topics, before the word-frequency rules were set (one rule changed
-after a first run on them; docs/language.md says which). ``bench/measure_language.py`` has the
-development questions.
+after a first run on them; docs/language.md says which). ``measure_language.py`` beside this
+script has the development questions.
 
 Figures, with default settings (``GUARD_LANGUAGE=off``, ``GUARD_EXPECT_LANGUAGE=prompt``), the
 expectation exactly as ``rewrite_request`` derives it for a chat request:
@@ -39,7 +41,7 @@ import tracemalloc
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, os.environ.get("MEASURE_PROXY_ROOT", str(ROOT)))
 
 from proxy.core.rewrite import RewritePolicy, rewrite_request  # noqa: E402

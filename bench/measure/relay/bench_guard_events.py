@@ -22,8 +22,8 @@ Variants, per event:
 Per stream, separately: construction of the guard and its detector, and the end of the stream
 (``records()``: the detector's ``finish()``).
 
-    python bench/bench_guard_events.py                        # N = 32 and 256
-    python bench/bench_guard_events.py --streams 256 --profile   # cProfile of enforce
+    python bench/measure/relay/bench_guard_events.py                        # N = 32 and 256
+    python bench/measure/relay/bench_guard_events.py --streams 256 --profile   # cProfile of enforce
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from bench.null_detector import NullDetector  # noqa: E402
+from bench.measure.relay.null_detector import NullDetector  # noqa: E402
 from proxy.core.guard import GuardPolicy, StreamGuard  # noqa: E402
 from proxy.core.records import GenerationRecord  # noqa: E402
 from proxy.detect import Detector, DetectorConfig  # noqa: E402

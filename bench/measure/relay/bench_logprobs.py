@@ -14,7 +14,8 @@ project's measurements), straight, without the proxy:
   for healthy answers: reported as ROC AUC and the recall / false-positive rate at a few
   thresholds.
 
-    python bench/bench_logprobs.py --url http://127.0.0.1:8000 --model SmolLM2-135M-Instruct
+    python bench/measure/relay/bench_logprobs.py --url http://127.0.0.1:8000 \\
+        --model SmolLM2-135M-Instruct
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from proxy.cli.score import score_text  # noqa: E402

@@ -5,9 +5,9 @@ proxy (``coherence-guard serve``, one worker, pinned to one core when ``taskset`
 separate processes, drives them with a small asyncio load generator over keep-alive
 connections, and reads the proxy's CPU time from ``/proc/<pid>/stat``.
 
-    python bench/bench_relay.py                       # enforce vs off vs direct, defaults below
-    python bench/bench_relay.py --conc 32 --seconds 8 --delay-ms 0
-    python bench/bench_relay.py --conc 256 --delay-ms 20 --modes direct,enforce
+    python bench/measure/relay/bench_relay.py                 # enforce, off, direct; defaults below
+    python bench/measure/relay/bench_relay.py --conc 32 --seconds 8 --delay-ms 0
+    python bench/measure/relay/bench_relay.py --conc 256 --delay-ms 20 --modes direct,enforce
 
 CPU per chunk = proxy CPU seconds / chunks the clients received. Added ITL = the p50/p99 of
 the gaps between chunk arrivals through the proxy minus those of the direct run (same load).
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 

@@ -1,7 +1,7 @@
 """SSE parser cost: one large event fed in small reads (linear vs rescanning), and the usual
 one-event-per-read path.
 
-    python bench/bench_sse.py [--sizes 1,4,6] [--read 1024] [--baseline FILE]
+    python bench/measure/relay/bench_sse.py [--sizes 1,4,6] [--read 1024] [--baseline FILE]
 
 ``--baseline`` loads another ``sse.py`` (e.g. ``git show <rev>:proxy/core/sse.py >
 /tmp/old_sse.py``) and times it on the same input, so the two parsers are compared on the same

@@ -8,8 +8,8 @@ token arrives alone. The streams carry the same healthy texts (``tests/data/corp
 from vLLM 0.32). Per surface: µs per event with a detector that does nothing (``parse``: the
 relay's own work) and with the real one (``enforce``); best of ``--repeat``.
 
-    python bench/bench_surfaces.py                 # 256 streams, best of 3
-    python bench/bench_surfaces.py --streams 32 --repeat 5
+    python bench/measure/relay/bench_surfaces.py                 # 256 streams, best of 3
+    python bench/measure/relay/bench_surfaces.py --streams 32 --repeat 5
 
 A benchmark, not a test: figures go to the README.
 """
@@ -24,11 +24,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.null_detector import NullDetector  # noqa: E402
+from bench.measure.relay.null_detector import NullDetector  # noqa: E402
 from proxy.core.guard import GuardPolicy, StreamGuard  # noqa: E402
 from proxy.core.records import Endpoint  # noqa: E402
 from proxy.detect import Detector, DetectorConfig  # noqa: E402

@@ -16,8 +16,9 @@ Two measurements:
   exporter sending to a receiver on 127.0.0.1: microseconds of the request's own thread, and
   process CPU including the exporter's thread, per request.
 
-    python bench/bench_tracing.py                               # this tree
-    git worktree add /tmp/before <rev> && python bench/bench_tracing.py --baseline /tmp/before
+    python bench/measure/relay/bench_tracing.py                               # this tree
+    git worktree add /tmp/before <rev>
+    python bench/measure/relay/bench_tracing.py --baseline /tmp/before
 
 A benchmark, not a test: figures go to docs/performance.md; nothing asserts on them.
 """
@@ -34,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 #: Run in a child with PYTHONPATH=<tree>: feeds N streams through enforce guards, interleaved.
 CHILD = r"""

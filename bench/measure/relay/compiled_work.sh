@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# Instructions per upstream event of the relay's work (bench/relay_work.py under callgrind), per
+# Instructions per upstream event of the relay's work (bench/measure/relay/relay_work.py under callgrind), per
 # surface, null and real detector: this checkout's pure-Python sources against a wheel of the same
-# tree whose per-event modules (bench/mypyc/modules.py) are compiled with mypyc; plus the wheel's
+# tree whose per-event modules (bench/measure/relay/mypyc/modules.py) are compiled with mypyc; plus the wheel's
 # build time and size. Callgrind counts instructions, which the machine's load does not move.
 #
-# Usage: bash bench/compiled_work.sh [STREAMS [REPS]]     (default 16 streams, 2 repetitions)
+# Usage: bash bench/measure/relay/compiled_work.sh [STREAMS [REPS]]     (default 16 streams, 2 repetitions)
 # Needs: valgrind, gcc and Python's headers, the project's dependencies in python3's environment
 # (mypy-extensions among them, a mypy dependency); the build fetches its own requirements
 # (setuptools, wheel, mypy) from the package index.
 #
 # The wheel is built from a scratch copy of the tracked files with two build-only edits the
-# package itself does not carry: bench/mypyc/setup.py as its setup.py (mypy added to the build
+# package itself does not carry: bench/measure/relay/mypyc/setup.py as its setup.py (mypy added to the build
 # requirements), and Detector and SSEParser marked to accept subclasses written in Python
 # (mypyc_attr: the null detector and some tests subclass them).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 streams=${1:-16}
 reps=${2:-2}
 PY=$(python3 -c 'import sys; print(sys.executable)')  # the interpreter, not a shim
@@ -23,7 +23,7 @@ trap 'rm -rf "$work"' EXIT
 
 mkdir "$work/src"
 git ls-files -z | tar --null -T - -c | tar -x -C "$work/src"
-cp bench/mypyc/setup.py "$work/src/setup.py"
+cp bench/measure/relay/mypyc/setup.py "$work/src/setup.py"
 "$PY" - "$work/src" <<'EOF'
 import sys
 from pathlib import Path
@@ -61,7 +61,7 @@ count() {  # count pure|compiled SURFACE DETECTOR: "<instructions per event> <co
         py=("$work/venv/bin/python") env=(env -u PYTHONPATH) extra=(--installed)
     fi
     "${env[@]}" valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file=/dev/null \
-        "${py[@]}" bench/relay_work.py --callgrind --streams "$streams" --reps "$reps" \
+        "${py[@]}" bench/measure/relay/relay_work.py --callgrind --streams "$streams" --reps "$reps" \
         --surface "$2" --detector "$3" "${extra[@]}" 2>&1 | "$PY" -c '
 import re, sys
 text = sys.stdin.read()

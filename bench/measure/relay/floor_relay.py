@@ -1,15 +1,15 @@
 """The floor of any Python relay: a TCP byte pipe on uvloop, no HTTP, no ASGI, no guard.
 
-A benchmark target for the kit's ``run.py`` (``--proxy 'floor=python bench/floor_relay.py
---port {port} --upstream {upstream}'``), never a mode of the product. Each client connection
-gets its own connection to the engine and every read is written to the other side as it came:
-one ``recv``, one ``send`` and one event-loop callback per chunk, the least work a relay written
-in Python on asyncio can do. nginx parses HTTP and re-frames the chunked body; this does neither.
-So the CPU per chunk it costs beside nginx in the same run bounds what the ratio targets can ask
-of a Python proxy: whatever uvicorn, the ASGI layer, the upstream client and the guard add comes
-on top of it.
+A benchmark target for the kit's ``run.py`` (``--proxy 'floor=python
+bench/measure/relay/floor_relay.py --port {port} --upstream {upstream}'``), never a mode of the
+product. Each client connection gets its own connection to the engine and every read is written to
+the other side as it came: one ``recv``, one ``send`` and one event-loop callback per chunk, the
+least work a relay written in Python on asyncio can do. nginx parses HTTP and re-frames the chunked
+body; this does neither. So the CPU per chunk it costs beside nginx in the same run bounds what the
+ratio targets can ask of a Python proxy: whatever uvicorn, the ASGI layer, the upstream client and
+the guard add comes on top of it.
 
-    python bench/floor_relay.py --host 127.0.0.1 --port 8080 --upstream http://127.0.0.1:8000
+    python bench/measure/relay/floor_relay.py --host 127.0.0.1 --port 8080 --upstream http://127.0.0.1:8000
 """
 
 from __future__ import annotations

@@ -9,12 +9,13 @@ start-up and shut-down are left out.
 * ``--profile`` — cProfile of the event-loop thread during the load, by own time (``-o FILE``
   keeps the stats).
 * ``--callgrind`` — instruction counts of the load alone (run under ``valgrind --tool=callgrind
-  --collect-atstart=no``; see ``bench/relay_work.py``): instructions do not move with the
-  machine's load, so before/after comparisons hold on a busy machine. Two stream lengths split
-  the count into a part per request and a part per chunk.
+  --collect-atstart=no``; see ``bench/measure/relay/relay_work.py``): instructions do not move
+  with the machine's load, so before/after comparisons hold on a busy machine. Two stream lengths
+  split the count into a part per request and a part per chunk.
 
     valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file=/dev/null \\
-        "$(python -c 'import sys;print(sys.executable)')" bench/profile_proxy.py --callgrind \\
+        "$(python -c 'import sys;print(sys.executable)')" \\
+        bench/measure/relay/profile_proxy.py --callgrind \\
         --streams 40 --max-tokens 128 2>&1 | grep -E 'Collected|streams'
 
 Settings come from the environment as for ``coherence-guard serve`` (``GUARD_MODE`` ...); the
@@ -35,11 +36,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.relay_work import callgrind_toggle  # noqa: E402
+from bench.measure.relay.relay_work import callgrind_toggle  # noqa: E402
 
 KIT = ROOT / "bench" / "kit"
 

@@ -14,7 +14,8 @@ Instructions for the work alone (``--callgrind`` builds a two-line C helper with
 so imports, start-up and building the events are left out):
 
     valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file=/dev/null \\
-        "$(python -c 'import sys;print(sys.executable)')" bench/relay_work.py --callgrind \\
+        "$(python -c 'import sys;print(sys.executable)')" \\
+        bench/measure/relay/relay_work.py --callgrind \\
         --surface chat --detector null 2>&1 | grep -E 'Collected|event'
 
 (the real interpreter, not a shell shim, or valgrind counts the shim).
@@ -36,19 +37,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 #: ``--installed``: the proxy installed in this environment (a compiled wheel, see
-#: ``bench/compiled_work.sh``) rather than this checkout's sources; the checkout still gives
-#: ``bench`` and ``tests``.
+#: ``bench/measure/relay/compiled_work.sh``) rather than this checkout's sources; the checkout
+#: still gives ``bench`` and ``tests``.
 INSTALLED = "--installed" in sys.argv
 if INSTALLED:
     sys.path.append(str(ROOT))
 elif str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.bench_surfaces import healthy_texts  # noqa: E402
-from bench.mypyc.modules import MODULES, compiled_count  # noqa: E402
-from bench.null_detector import NullDetector  # noqa: E402
+from bench.measure.relay.bench_surfaces import healthy_texts  # noqa: E402
+from bench.measure.relay.mypyc.modules import MODULES, compiled_count  # noqa: E402
+from bench.measure.relay.null_detector import NullDetector  # noqa: E402
 from proxy.core.guard import GuardPolicy, StreamGuard  # noqa: E402
 from proxy.core.records import Endpoint, GenerationRecord  # noqa: E402
 from proxy.detect import Detector, DetectorConfig  # noqa: E402

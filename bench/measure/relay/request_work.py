@@ -1,17 +1,17 @@
 """Whole guarded requests in-process, split into what each costs before, during and after events.
 
-``bench/relay_work.py`` counts the guard's work on each event; what a request costs besides —
-reading and rewriting the body, identifying the prompt's language, building the guard and its
-detector, the response head, the end of the stream, the records, the metrics and the log set-up —
-is paid once per request, whatever the stream's length, and weighs most on short answers. This
+``bench/measure/relay/relay_work.py`` counts the guard's work on each event; what a request costs
+besides — reading and rewriting the body, identifying the prompt's language, building the guard and
+its detector, the response head, the end of the stream, the records, the metrics and the log set-up
+— is paid once per request, whatever the stream's length, and weighs most on short answers. This
 script runs that whole path: the real app (``create_app``, every middleware) behind uvicorn's own
-HTTP protocol (httptools, the real ``send``, so the relay writes straight onto the transport as
-it does when served), and the proxy's own upstream client, whose connection is fed a fake
-engine's bytes (the head, then each SSE event as its own read, vLLM's continuous usage in every
-chat chunk, the chunked terminator). Only the two sockets are replaced by in-memory transports:
-their system calls and the event loop's polling are left out, as they are the same for every
-request. Requests run one after another on one kept-alive client connection and one pooled
-engine connection, as a benchmark's client and the proxy's pool do.
+HTTP protocol (httptools, the real ``send``, so the relay writes straight onto the transport as it
+does when served), and the proxy's own upstream client, whose connection is fed a fake engine's
+bytes (the head, then each SSE event as its own read, vLLM's continuous usage in every chat chunk,
+the chunked terminator). Only the two sockets are replaced by in-memory transports: their system
+calls and the event loop's polling are left out, as they are the same for every request. Requests
+run one after another on one kept-alive client connection and one pooled engine connection, as a
+benchmark's client and the proxy's pool do.
 
 Each request is split into phases:
 
@@ -31,8 +31,8 @@ Instructions (valgrind's callgrind; they do not move with the machine's load). `
 runs itself under valgrind, dumps the counts at every change of phase and prints instructions
 per request for each (start-up and the warm-up requests left out):
 
-    python bench/request_work.py --callgrind --surface chat
-    python bench/request_work.py --callgrind --surface responses
+    python bench/measure/relay/request_work.py --callgrind --surface chat
+    python bench/measure/relay/request_work.py --callgrind --surface responses
 
 Every request asks with the same prompt (as the kit's load generator does), so texts the proxy
 reads once per distinct text (``proxy.core.requested_language.TextMemo``) are read once; with
@@ -62,12 +62,12 @@ from typing import Any
 
 import orjson
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.bench_surfaces import healthy_texts  # noqa: E402
-from bench.relay_work import events_for  # noqa: E402
+from bench.measure.relay.bench_surfaces import healthy_texts  # noqa: E402
+from bench.measure.relay.relay_work import events_for  # noqa: E402
 from proxy.core.records import Endpoint  # noqa: E402
 
 PHASES = ("setup", "first", "events", "end", "after")

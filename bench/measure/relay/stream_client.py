@@ -5,8 +5,9 @@ median, p10 and p90 time to the first content token: the latency a relay adds, u
 ``load`` opens N streams at once and counts their events: a fixed amount of work to watch with
 ``strace -c`` or ``/proc`` while it runs.
 
-    python bench/stream_client.py ttft http://127.0.0.1:8080/v1/chat/completions 300 --label after
-    python bench/stream_client.py load http://127.0.0.1:8080/v1/chat/completions 32
+    URL=http://127.0.0.1:8080/v1/chat/completions
+    python bench/measure/relay/stream_client.py ttft $URL 300 --label after
+    python bench/measure/relay/stream_client.py load $URL 32
 """
 
 from __future__ import annotations

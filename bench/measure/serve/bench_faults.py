@@ -4,9 +4,9 @@ Starts the fast fake engine (``bench/kit/fake_upstream.py``, which counts stream
 completed, disconnected and still active) and the real proxy (``python -m proxy serve``, one
 worker) as separate processes, then drives the proxy with a raw asyncio HTTP/1.1 client:
 
-    python bench/bench_faults.py concurrent --streams 1000       # 1,000 streams at once
-    python bench/bench_faults.py chaos --streams 10000 --conc 250 # hang-ups + aborts
-    python bench/bench_faults.py soak --minutes 30 --conc 64      # RSS over time
+    python bench/measure/serve/bench_faults.py concurrent --streams 1000      # 1,000 at once
+    python bench/measure/serve/bench_faults.py chaos --streams 10000 --conc 250  # hang-ups, aborts
+    python bench/measure/serve/bench_faults.py soak --minutes 30 --conc 64       # RSS over time
 
 * ``concurrent``: N streams opened together, 64 tokens each at 20 ms/token; every one must end
   with ``[DONE]`` (errors = anything else).
@@ -38,7 +38,7 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 

@@ -19,9 +19,10 @@ The upstream and the load generator are the vendored benchmark kit's (``bench/ki
 machine they take a core's worth of CPU themselves, so read the table as "what N workers give
 when the cores are contended", and quote it with the machine it was taken on.
 
-    python bench/bench_workers.py                                  # N = 1..nproc, 256 x 20 ms
-    python bench/bench_workers.py --workers 1,2,4 --duration 20 --json results.json
-    python bench/bench_workers.py --workers 1,2,4,8 --proxy-cores 0-7 --kit-cores 8-15  # a node
+    python bench/measure/serve/bench_workers.py                    # N = 1..nproc, 256 x 20 ms
+    python bench/measure/serve/bench_workers.py --workers 1,2,4 --duration 20 --json results.json
+    # a larger node:
+    python bench/measure/serve/bench_workers.py --workers 1,2,4,8 --proxy-cores 0-7 --kit-cores 8-15
 
 A benchmark, not a test: nothing asserts on the figures (the exactness check is reported, and
 the exit status is 1 when it fails).
@@ -44,7 +45,7 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 KIT = ROOT / "bench" / "kit"
 KIT_PYTHON = Path("/tmp/bench/venv/bin/python")
 #: Healthy texts the fake engine streams (any JSONL with ``text`` fields works: ``--corpus``).

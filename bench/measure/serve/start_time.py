@@ -14,7 +14,7 @@ checkout of the project; runs of the trees alternate, so a busy machine weighs o
 * **slowest /health**: the slowest of the ``/health`` answers polled every 5 ms from ready until
   the data is loaded (the loads hold the interpreter's lock for up to one list's sort at a time).
 
-    python bench/start_time.py --runs 5 --tree ../before --tree .
+    python bench/measure/serve/start_time.py --runs 5 --tree ../before --tree .
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from tests.fakes.vllm import FakeVLLM, Script  # noqa: E402

@@ -1,4 +1,5 @@
-"""The modules ``bench/compiled_work.sh`` compiles with mypyc, and whether the running ones are.
+"""The modules ``compiled_work.sh`` (beside this folder) compiles with mypyc, and whether the
+running ones are.
 
 The per-event path (SSE parsing, the relay's state machine and surfaces) and the detector, minus
 its fastText wrapper (``proxy.detect.language``: C++ already, and tests replace its functions);
