@@ -7,7 +7,7 @@ chunks (inter-token latency: the window delays chunks, it must not bunch them), 
 arrive together at the end (the window is released at ``[DONE]``), the time to the first
 content chunk and to the last byte. Run::
 
-    python bench/bench_heal_holdback.py [--tokens 200] [--delay 0.02]
+    python bench/measure/heal/bench_heal_holdback.py [--tokens 200] [--delay 0.02]
 
 With ``--delays`` it prints instead what the default window is chosen from: the detector's delay
 (tokens from a loop's first token to the verdict) on loops of 3 to 100 words per period behind
@@ -89,7 +89,7 @@ def detection_delays() -> None:
     from proxy.detect import Detector
     from tests.fakes.vllm import tokenize
 
-    corpus = Path(__file__).resolve().parent.parent / "tests" / "data" / "corpus.jsonl"
+    corpus = Path(__file__).resolve().parents[3] / "tests" / "data" / "corpus.jsonl"
     rows = [json.loads(line) for line in corpus.read_text().splitlines()]
     intros = [r["text"][:400] for r in rows if r["label"] == "healthy"][:6]
     rng = random.Random(1)
