@@ -2,8 +2,8 @@
 
 Why not httpx here: as a *streaming* client reading small SSE chunks, httpx costs ~70 µs of CPU per
 chunk (its per-chunk path runs through httpcore's state machine, h11 and several async generator
-layers); this client costs ~12 µs per relayed chunk end to end
-(``bench/measure/relay/bench_relay.py``, README "Speed") — the body bytes go from ``data_received``
+layers); this client costs ~12 µs per relayed chunk end to end (``off``, 32 streams back to back:
+``bench/measure/relay/results-relay-nginx.md``) — the body bytes go from ``data_received``
 through httptools' C parser into a buffer, and the relay wakes once per socket read — or not at all:
 :meth:`Response.relay` hands each read to a callback inside the protocol's own ``data_received``.
 httpx is still used for everything that is not a guarded route (pass-through, readiness, the config
