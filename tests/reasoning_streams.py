@@ -2,7 +2,7 @@
 texts (tests/streams/reasoning/texts.jsonl): the recorded thinking and answer deltas are replaced
 by new texts, every other event is kept, with the recorded texts replaced where an event repeats
 them whole (Responses' ``*.done`` events, the final response) and Responses' sequence numbers
-renumbered. Used by tests/test_channels.py and bench/channels_replay.py.
+renumbered. Used by tests/test_channels.py and bench/measure/detector/channels_replay.py.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """Build the SDKs' stream types once, on one thread, before tests read streams from many.
 
 Why: the openai and anthropic SDKs build their pydantic models lazily, and pydantic's deferred
-schema build is not thread-safe. When many threads read their first streams at once, one of
-them can find a model's schema half-built and raise ``PydanticUserError`` ("BaseModel cannot be
-instantiated directly") from inside the SDK's stream helper, or build an event as the wrong
-class (``bench/sdk_lifecycle_race.py``). That happens without the proxy too, and it says nothing
-about the proxy; the tests that run clients side by side are there to check what the proxy
-sends each of them. So they first replay recorded streams — the engine's and the guard's
-abort of them — through the same SDK calls, over an in-process transport, on the test's
-thread.
+schema build is not thread-safe. When many threads read their first streams at once, one of them can
+find a model's schema half-built and raise ``PydanticUserError`` ("BaseModel cannot be instantiated
+directly") from inside the SDK's stream helper, or build an event as the wrong class
+(``bench/measure/clients/sdk_lifecycle_race.py``). That happens without the proxy too, and it says
+nothing about the proxy; the tests that run clients side by side are there to check what the proxy
+sends each of them. So they first replay recorded streams — the engine's and the guard's abort of
+them — through the same SDK calls, over an in-process transport, on the test's thread.
 """
 
 from __future__ import annotations

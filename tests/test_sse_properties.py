@@ -147,7 +147,7 @@ def test_a_4_mib_event_in_1_kib_reads_is_linear(eol: bytes) -> None:
     """The scan resumes where it stopped: the bytes scanned over 4,096 reads of one 4 MiB event
     are about the event's size, so they cost about one read (the rescanning parser scanned
     each read's whole buffer again: 0.8 s for 1 MiB, > 20 s for 6 MiB). The work is counted,
-    not timed: ``bench/bench_sse.py`` has the figures."""
+    not timed: ``bench/measure/relay/bench_sse.py`` has the figures."""
 
     class Counting(SSEParser):
         scanned = 0

@@ -1,13 +1,13 @@
 """A minimal HTTP/1.1 client for the guarded POSTs: asyncio protocol + httptools, keep-alive pool.
 
-Why not httpx here: as a *streaming* client reading small SSE chunks, httpx costs ~70 µs of CPU
-per chunk (its per-chunk path runs through httpcore's state machine, h11 and several async
-generator layers); this client costs ~12 µs per relayed chunk end to end (``bench/bench_relay.py``,
-README "Speed") — the body bytes go from ``data_received`` through httptools' C parser into a
-buffer, and the relay wakes once per socket read — or not at all: :meth:`Response.relay` hands
-each read to a callback inside the protocol's own ``data_received``. httpx is still used for
-everything that is not a guarded route (pass-through, readiness, the config watcher), where its
-generality matters more than per-chunk cost. Both are built from one
+Why not httpx here: as a *streaming* client reading small SSE chunks, httpx costs ~70 µs of CPU per
+chunk (its per-chunk path runs through httpcore's state machine, h11 and several async generator
+layers); this client costs ~12 µs per relayed chunk end to end (``off``, 32 streams back to back:
+``bench/measure/relay/results-relay-nginx.md``) — the body bytes go from ``data_received``
+through httptools' C parser into a buffer, and the relay wakes once per socket read — or not at all:
+:meth:`Response.relay` hands each read to a callback inside the protocol's own ``data_received``.
+httpx is still used for everything that is not a guarded route (pass-through, readiness, the config
+watcher), where its generality matters more than per-chunk cost. Both are built from one
 :class:`~proxy.server.upstream.UpstreamConfig` (same TLS context, timeouts, limits, errors).
 
 Scope, on purpose: one request per connection at a time, ``Content-Length`` request bodies. The
