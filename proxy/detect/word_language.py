@@ -37,7 +37,7 @@ process, by the server beside serving as it starts (:func:`load_all`,
 :mod:`proxy.server.preload`) or else on the first short prompt (about 1 s in all), as sorted
 hashes with their frequency bands: about 10 MB for all of them, instead of the several MB per
 language a dict of the words takes. Scoring a prompt then costs about
-0.1 to 0.2 ms (``bench/measure_short_prompts.py``). Pure otherwise: no I/O.
+0.1 to 0.2 ms (``bench/measure/language/measure_short_prompts.py``). Pure otherwise: no I/O.
 """
 
 from __future__ import annotations

@@ -25,6 +25,12 @@ streams a real text from ``bench/data/language_pool.jsonl.gz``:
         bench/data/language_shapes_dev.jsonl --misses
     MEASURE_PROXY_ROOT=/path/to/other/checkout \\
         python bench/measure/language/measure_language_blind.py FILE
+    python bench/measure/language/measure_language_blind.py --cost \\
+        bench/data/language_shapes_{dev,held,third}.jsonl
+
+``--cost`` times the derivation of each shape's expectation instead (what a request pays once,
+in-process, the memo of texts seen a moment ago emptied before each: the cost of a request
+whose texts are all new), and prints the median and p90 per request.
 
 The proxy's verdicts are read from its own metrics (``guard_detections_total`` by signal and
 action), one request at a time.
@@ -38,6 +44,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -158,11 +165,20 @@ def injected_language(fake: FakeVLLM, shape: dict[str, Any]) -> str | None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("shapes", type=Path)
+    parser.add_argument("shapes", type=Path, nargs="+")
     parser.add_argument("--misses", action="store_true", help="print every miss and wrong cut")
     parser.add_argument("--json", type=Path, help="write every verdict to this file")
+    parser.add_argument("--cost", action="store_true", help="time the derivation per request")
     args = parser.parse_args(argv)
-    shapes = [json.loads(x) for x in args.shapes.read_text(encoding="utf-8").splitlines() if x]
+    shapes = [
+        json.loads(x)
+        for path in args.shapes
+        for x in path.read_text(encoding="utf-8").splitlines()
+        if x
+    ]
+    if args.cost:
+        derivation_cost(shapes)
+        return
     pool = load_pool()
     counts: Counter[str] = Counter()
     by_category: dict[str, Counter[str]] = defaultdict(Counter)
@@ -246,6 +262,30 @@ def main(argv: list[str] | None = None) -> None:
         print(line)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=0, ensure_ascii=False), encoding="utf-8")
+
+
+def derivation_cost(shapes: list[dict[str, Any]]) -> None:
+    """Median and p90 time to derive each shape's expectation, every text new to the memo.
+
+    Its first pass loads what the derivation reads (the language model, the name index), as the
+    server does beside serving; the second pass is timed."""
+    from proxy.core.requested_language import MEMO
+    from proxy.core.rewrite import RewritePolicy, expect_language
+
+    policy = RewritePolicy()
+    bodies = [(body_of(s), s["surface"], _declared(s)) for s in shapes]
+    times: list[float] = []
+    for timed in (False, True):
+        for body, surface, header in bodies:
+            MEMO.clear()
+            start = time.perf_counter()
+            expect_language(body, surface, policy, header)
+            if timed:
+                times.append(time.perf_counter() - start)
+    times.sort()
+    median = times[len(times) // 2] * 1000
+    p90 = times[int(len(times) * 0.9)] * 1000
+    print(f"{len(times)} requests: derivation {median:.2f} ms median, {p90:.2f} ms p90")
 
 
 def _declared(shape: dict[str, Any]) -> str | None:
