@@ -6,7 +6,7 @@ the ``gibberish`` and ``salad`` signals must never fire on (sources and licences
 Nothing here is written for the set: every text is a region of a Debian package's documentation
 (manual pages rendered as the development corpus renders them, the Debian Reference and FAQ),
 a translation catalogue of an installed Debian package (its messages joined, one a line), a
-development-corpus text (``/work/shared/corpus/dev.jsonl``), or the test data
+development-corpus text (``../shared/corpus/dev.jsonl``), or the test data
 ``tests/data/mixed/`` keeps with its source. Regions are chosen by what they contain (symbols
 against CJK letters, long lower-case compounds, comma lists), never by what a signal says::
 
@@ -14,7 +14,7 @@ against CJK letters, long lower-case compounds, comma lists), never by what a si
         manpages-ja-dev debian-reference-zh-cn debian-reference-ja debian-faq-ko \\
         debian-reference-de debian-reference-pt-br && for f in *.deb; do dpkg-deb -x $f x; done
     python bench/data/build_mixed_healthy.py --debs /tmp/debs/x \\
-        --dev /work/shared/corpus/dev.jsonl > bench/data/mixed_healthy.jsonl
+        --dev ../shared/corpus/dev.jsonl > bench/data/mixed_healthy.jsonl
 """
 
 from __future__ import annotations

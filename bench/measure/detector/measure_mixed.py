@@ -16,7 +16,7 @@ signal on too, so a row says what a request would get):
   expected, and with none.
 * ``bench/data/salad_labels.jsonl`` (texts from ``bench/data/realgen.jsonl.gz``): answers read
   as salad and as real, with the prompt's language expected.
-* ``/work/shared/corpus/dev.jsonl`` when present (else ``tests/data/corpus.jsonl``): healthy
+* ``../shared/corpus/dev.jsonl`` when present (else ``tests/data/corpus.jsonl``): healthy
   texts with their language expected, per signal.
 """
 
@@ -115,7 +115,7 @@ def measure(show: bool) -> dict[str, Any]:
             if lab == label
         ]
         out[f"salad_labels_{label}"] = _count(rows, f"salad-label {label}" if show else None)
-    corpus = Path("/work/shared/corpus/dev.jsonl")
+    corpus = ROOT.parent / "shared" / "corpus" / "dev.jsonl"
     if not corpus.is_file():
         corpus = ROOT / "tests" / "data" / "corpus.jsonl"
     healthy = [

@@ -11,7 +11,7 @@ What is measured (figures in docs/language.md):
   placed at the start, in the middle or at the end of a two-sentence question), rewritten with
   ``GUARD_LANGUAGE=auto``: how often the injected language contradicts the request, and how
   often it is the requested one.
-* **healthy flagged**: real healthy answers (``/work/shared/corpus/dev.jsonl`` when present,
+* **healthy flagged**: real healthy answers (``../shared/corpus/dev.jsonl`` when present,
   else ``tests/data/corpus.jsonl``; ``bench/data/realgen.jsonl.gz``) streamed through the
   detector with the expectation the default settings derive from a question: the corpus's own
   instruction where it has one, else a question of our own in the answer's language.
@@ -174,7 +174,7 @@ def load_texts() -> tuple[dict[str, list[str]], list[tuple[str, str]]]:
     """Healthy answers by language (>= 200 characters), and (instruction, answer) pairs."""
     by_lang: dict[str, list[str]] = defaultdict(list)
     pairs: list[tuple[str, str]] = []
-    corpus = Path("/work/shared/corpus/dev.jsonl")
+    corpus = ROOT.parent / "shared" / "corpus" / "dev.jsonl"
     if not corpus.is_file():
         corpus = ROOT / "tests" / "data" / "corpus.jsonl"
     for line in corpus.open(encoding="utf-8"):

@@ -86,7 +86,7 @@ def real_texts() -> dict[str, list[str]]:
     """Real healthy prose by language: answers first, then other texts (documentation)."""
     answers: dict[str, list[str]] = defaultdict(list)
     others: dict[str, list[str]] = defaultdict(list)
-    corpus = Path("/work/shared/corpus/dev.jsonl")
+    corpus = ROOT.parent / "shared" / "corpus" / "dev.jsonl"
     if not corpus.is_file():
         corpus = ROOT / "tests" / "data" / "corpus.jsonl"
     for line in corpus.open(encoding="utf-8"):

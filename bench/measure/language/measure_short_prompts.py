@@ -22,7 +22,7 @@ expectation exactly as ``rewrite_request`` derives it for a chat request:
 
 The same figures on real prompts: the prompts of ``bench/data/realgen.jsonl.gz`` (prompts in 14
 languages sent to a real engine, ``prompt_language`` their language) and the English
-instructions of the development corpus (``/work/shared/corpus/dev.jsonl``, else
+instructions of the development corpus (``../shared/corpus/dev.jsonl``, else
 ``tests/data/corpus.jsonl``), which must not expect another language.
 
 Also the cost: milliseconds per prompt (after the first, which loads word lists) and the
@@ -72,7 +72,7 @@ def real_prompts() -> dict[str, int]:
                 right += 1
             elif code is not None:
                 wrong += 1
-    corpus = Path("/work/shared/corpus/dev.jsonl")
+    corpus = ROOT.parent / "shared" / "corpus" / "dev.jsonl"
     if not corpus.is_file():
         corpus = ROOT / "tests" / "data" / "corpus.jsonl"
     english = non_english = 0
