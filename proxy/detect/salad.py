@@ -9,7 +9,7 @@ names) that the language's word list does not hold at all.
 
 The word lists are `wordfreq <https://pypi.org/project/wordfreq/>`_'s "large" lists (words down
 to about one in 10⁸ of running text). Only languages that have one and that were measured
-(``bench/measure/detector/measure_salad.py``, README "Word salad") are checked: the "small" lists (Turkish,
+(``bench/measure/detector/measure_salad.py``, docs/detector.md, *Word salad*) are checked: the "small" lists (Turkish,
 Indonesian, Vietnamese) miss ordinary inflected forms, and English salad was never seen while its
 changelogs and copyright files are full of package names. A list is loaded once per process and
 language, on first use, and kept as a sorted array of string hashes (5 MB instead of the 60 to
@@ -42,7 +42,7 @@ SALAD_LANGUAGES: frozenset[str] = frozenset({"de", "en", "es", "fr", "it", "nl",
 #: Languages judged at the end of a stream too. English is judged while streaming only: its
 #: healthy changelogs and copyright files, full of package and maintainer names, pass the
 #: streaming window (a full window, sustained) but reach the lower end-of-stream bar
-#: (README "Word salad"; three Debian files of the development corpus).
+#: (docs/detector.md, *Word salad*; three Debian files of the development corpus).
 _END_LANGUAGES: frozenset[str] = SALAD_LANGUAGES - {"en"}
 
 _TOKEN = re.compile(r"\n|[^\s]+")
