@@ -88,7 +88,8 @@ _RESTART = re.compile(
 @dataclass(frozen=True, slots=True)
 class BlockRun:
     """A run of units with little new content: copies of its source, share of new shingles,
-    where its first copy began, characters covered, restart markers in it."""
+    where the repeating begins (the second copy: the first is content), characters covered
+    from the first copy on, restart markers in it."""
 
     copies: float
     novelty: float
@@ -104,6 +105,8 @@ class BlockRun:
     #: period in units: what ``coherence-guard explain`` shows beside the copies.
     needed: float = 0.0
     period: int = 0
+    #: Where the first copy, the run's source, began.
+    source: int = 0
 
     def evidence(self) -> dict[str, float]:
         """The run's measures by name, as ``coherence-guard explain`` reports them."""
@@ -270,11 +273,20 @@ class BlockLoop:
         need = self.min_copies - (1.0 if fewer else 0.0)
         if copies < need or block_words < MIN_BLOCK_WORDS:
             return None
-        # The loop began with its first copy, one period before the run.
+        # The repeating begins with the run; its source, the first copy, one period before.
         first = len(self._starts) - self._run_units - period
-        onset = self._starts[first] if first >= 0 else self._run_start
+        source = self._starts[first] if first >= 0 else self._run_start
         identical = self._run_new == 0 and self._run_new_words == 0
         words = self._run_new_words / max(1, self._run_words)
         return BlockRun(
-            copies, novelty, onset, end - onset, self._restarts, words, identical, need, period
+            copies,
+            novelty,
+            self._run_start,
+            end - source,
+            self._restarts,
+            words,
+            identical,
+            need,
+            period,
+            source,
         )

@@ -231,20 +231,21 @@ class Detector:
         flood = final_flood(text)
         if flood is not None:
             if self._relax() <= 1.0:
-                self._fire(loop_kind(flood, text), flood.repeats, self._chars - flood.span)
+                self._fire(loop_kind(flood, text), flood.repeats, self._chars - flood.repeated)
             return
         loop = final_loop(text, min_span)
         if loop is not None:
             if self._relax() <= 1.0:
-                self._fire("repetition", loop.repeats, self._chars - loop.span)
+                self._fire("repetition", loop.repeats, self._chars - loop.repeated)
             return
         # The same with numbers normalised: a counter loop cut short by the token limit.
         norm = self._norm
         counter = final_loop(norm, min_span)
         if counter is not None and self._relax() <= 1.0:
-            onset = self._norm_to_raw(self._norm_total - counter.span)
+            first = self._norm_to_raw(self._norm_total - counter.span)
             slots = norm[len(norm) - counter.period :].count("0")
-            if not counts_down(self._raw[max(0, onset - self._raw_base) :], slots):
+            if not counts_down(self._raw[max(0, first - self._raw_base) :], slots):
+                onset = self._norm_to_raw(self._norm_total - counter.repeated)
                 self._fire("repetition", counter.repeats, onset)
 
     # -- evaluation ------------------------------------------------------------------------
@@ -365,7 +366,8 @@ class Detector:
             if is_loop(exact, window, need, span) and is_loop(
                 exact, window, need * self._relax(), span
             ):
-                return self._fire(loop_kind(exact, window), exact.repeats, self._chars - exact.span)
+                onset = self._chars - exact.repeated  # the first copy is content
+                return self._fire(loop_kind(exact, window), exact.repeats, onset)
         norm = self._norm[-cfg.window_chars :]
         counter = periodic_tail(norm)
         if counter is not None:
@@ -374,10 +376,11 @@ class Detector:
             if is_loop(counter, norm, need, span) and is_loop(
                 counter, norm, need * self._relax(), span
             ):
-                onset = self._norm_to_raw(self._norm_total - counter.span)
+                first = self._norm_to_raw(self._norm_total - counter.span)
                 slots = norm[len(norm) - counter.period :].count("0")
-                self._countdown = counts_down(self._raw[max(0, onset - self._raw_base) :], slots)
+                self._countdown = counts_down(self._raw[max(0, first - self._raw_base) :], slots)
                 if not self._countdown:
+                    onset = self._norm_to_raw(self._norm_total - counter.repeated)
                     return self._fire(loop_kind(counter, norm), counter.repeats, onset)
                 return None
         self._countdown = False
@@ -391,7 +394,7 @@ class Detector:
         copies, onset, span = found[0] / 100, found[1], found[2]
         if copies < cfg.line_loop_min_repeats or span < cfg.line_loop_min_span_chars:
             return None
-        region = self._raw[max(0, onset - self._raw_base) :]
+        region = self._raw[max(0, found[5] - self._raw_base) :]
         if self._relax() > 1.0 or code_like(region):
             return None  # code, tables and JSON repeat lines by design (exact loops still count)
         slots = round(len(_NUMBER.findall(region)) / copies)
@@ -405,7 +408,7 @@ class Detector:
         run = self._blocks.update(new, end=self._chars, final=final)
         if run is None or run.span < cfg.block_loop_min_span_chars:
             return None
-        start = max(0, run.onset - self._raw_base)
+        start = max(0, run.source - self._raw_base)
         region = self._raw[start : start + run.span]
         if (self._relax() > 1.0 or code_like(region) or statement_lines(region)) and (
             run.copies < cfg.counter_min_repeats * cfg.structured_relax

@@ -75,15 +75,16 @@ class LineLoop:
 
     def update(
         self, new: str, *, end: int, final: bool = False
-    ) -> tuple[int, int, int, int, int] | None:
+    ) -> tuple[int, int, int, int, int, int] | None:
         """Take the text of one check (``end``: stream length after it). Return (copies x 100,
-        onset offset, covered characters, period in units, edited matches) of the unit loop the
-        latest unit belongs to, or None."""
+        onset offset (the second copy's start), characters covered from the first copy on,
+        period in units, edited matches, the first copy's start) of the unit loop the latest
+        unit belongs to, or None."""
         if not self._partial:
             self._partial_start = end - len(new)
         text = self._partial + new
         base = self._partial_start
-        latest: tuple[int, int, int, int, int] | None = None
+        latest: tuple[int, int, int, int, int, int] | None = None
         begin = 0
         for match in _SPLIT.finditer(text):
             latest = self._add(text[begin : match.start()], base + begin, latest)
@@ -96,8 +97,8 @@ class LineLoop:
         return latest
 
     def _add(
-        self, piece: str, start: int, latest: tuple[int, int, int, int, int] | None
-    ) -> tuple[int, int, int, int, int] | None:
+        self, piece: str, start: int, latest: tuple[int, int, int, int, int, int] | None
+    ) -> tuple[int, int, int, int, int, int] | None:
         """Add one unit; return the loop it continues (``latest`` for a blank unit)."""
         if not piece.strip():
             return latest
@@ -133,7 +134,7 @@ class LineLoop:
         units.append((unit, start, len(piece), count))
         if not alive:
             return None
-        best: tuple[int, int, int, int, int] | None = None
+        best: tuple[int, int, int, int, int, int] | None = None
         for p in range(1, MAX_PERIOD + 1):
             run = runs[p]
             if run < p or self._edited[p] > MAX_EDITED:
@@ -147,5 +148,7 @@ class LineLoop:
             span = start + len(piece) - first[1]
             copies = 100 * covered // p
             if best is None or copies > best[0]:
-                best = (copies, first[1], span, p, self._edited[p])
+                # The repeating starts with the second copy: the first is content.
+                second = units[-covered + p][1] if covered > p else first[1]
+                best = (copies, second, span, p, self._edited[p], first[1])
         return best

@@ -38,6 +38,12 @@ class PeriodicTail:
         return self.span / self.period if self.period else 0.0
 
     @property
+    def repeated(self) -> int:
+        """Characters after the first copy: the repeating starts with the second (the first
+        copy is content, and a trimmed answer keeps it)."""
+        return max(0, self.span - self.period)
+
+    @property
     def mass(self) -> float:
         """Span times repeats: how much text the loop covers, weighted by how often it recurs
         (a long unit seen once is not a loop; a short unit seen many times over a few
