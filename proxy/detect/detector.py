@@ -23,7 +23,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.detect.blocks import BlockLoop, statement_lines
-from proxy.detect.diversity import compression_ratio, distinct_ratio, words_of
+from proxy.detect.diversity import (
+    compression_ratio,
+    content_compression,
+    distinct_line_share,
+    distinct_ratio,
+    tokens_of,
+)
 from proxy.detect.drift import LanguageDrift, code_like, source_like, with_close_languages
 from proxy.detect.ending import final_drift, final_flood, final_loop
 from proxy.detect.entropy import EntropyWindow, token_entropy
@@ -32,9 +38,12 @@ from proxy.detect.lines import LineLoop
 from proxy.detect.repetition import (
     PeriodicTail,
     counts_down,
+    counts_on,
     is_loop,
     loop_kind,
     normalise_numbers,
+    normalise_ordinals,
+    open_line,
     periodic_tail,
     repeated_ngram_rate,
 )
@@ -95,6 +104,10 @@ class Detector:
         self._norm_base = 0
         self._norm_total = 0
         self._carry = ""
+        self._line_start = True
+        # the text of the latest check with its list ordinals "0" (a list's numbering says
+        # nothing; every other number is content)
+        self._ordinals = ""
         self._anchors: deque[tuple[int, int]] = deque()
         self._fences = 0
         # signal state
@@ -110,6 +123,7 @@ class Detector:
         own = set(scripts_of_language(self.expected_language))
         other = any(not own >= set(scripts_of_language(c)) for c in self.accepted_languages)
         self._script = ScriptIntrusion(cfg, None if other else self.expected_language)
+        # the recent words and numbers (a row with new figures is no flood)
         self._words: deque[str] = deque(maxlen=max(20, cfg.ngram_window_words))
         self._checks = 0
         self._diversity_next = 0
@@ -238,13 +252,15 @@ class Detector:
             if self._relax() <= 1.0:
                 self._fire("repetition", loop.repeats, self._chars - loop.repeated)
             return
-        # The same with numbers normalised: a counter loop cut short by the token limit.
+        # The same with numbers normalised: a counter loop cut short by the token limit, one
+        # copy more than an exact one (a copy under a new number is less sure a copy).
         norm = self._norm
         counter = final_loop(norm, min_span)
-        if counter is not None and self._relax() <= 1.0:
+        if counter is not None and counter.repeats >= 4 and self._relax() <= 1.0:
             first = self._norm_to_raw(self._norm_total - counter.span)
             slots = norm[len(norm) - counter.period :].count("0")
-            if not counts_down(self._raw[max(0, first - self._raw_base) :], slots):
+            region = self._raw[max(0, first - self._raw_base) :]
+            if not counts_down(region, slots) and counts_on(region, slots):
                 onset = self._norm_to_raw(self._norm_total - counter.repeated)
                 self._fire("repetition", counter.repeats, onset)
 
@@ -276,13 +292,20 @@ class Detector:
             cut = len(self._raw) - self._keep
             self._raw = self._raw[cut:]
             self._raw_base += cut
-        # Normalise up to the last non-digit so a number split across checks stays whole.
+        # Normalise up to where a number or an ordinal may be split across checks ("\n1" now,
+        # "2. " next).
         text = self._carry + new
         raw_start = self._chars - len(text)
-        cut_at = len(text) if final else len(text.rstrip("0123456789"))
+        cut_at = len(text)
+        if not final:
+            cut_at = min(
+                open_line(text, line_start=self._line_start), len(text.rstrip("0123456789"))
+            )
         self._carry = text[cut_at:]
+        self._ordinals = normalise_ordinals(text[:cut_at], line_start=self._line_start)
         piece = normalise_numbers(text[:cut_at])
         if piece:
+            self._line_start = piece[-1] == "\n"
             self._anchors.append((self._norm_total, raw_start))
             self._norm += piece
             self._norm_total += len(piece)
@@ -378,8 +401,9 @@ class Detector:
             ):
                 first = self._norm_to_raw(self._norm_total - counter.span)
                 slots = norm[len(norm) - counter.period :].count("0")
-                self._countdown = counts_down(self._raw[max(0, first - self._raw_base) :], slots)
-                if not self._countdown:
+                region = self._raw[max(0, first - self._raw_base) :]
+                self._countdown = counts_down(region, slots)
+                if not self._countdown and counts_on(region, slots):
                     onset = self._norm_to_raw(self._norm_total - counter.repeated)
                     return self._fire(loop_kind(counter, norm), counter.repeats, onset)
                 return None
@@ -430,14 +454,18 @@ class Detector:
 
     def _check_diversity(self, new: str, final: bool) -> Verdict | None:
         cfg = self.config
-        self._words.extend(words_of(new))
+        # The new text, its list ordinals "0": a list's numbering says nothing.
+        self._words.extend(tokens_of(self._ordinals[-self._keep :]))
         self._checks += 1
         if self._checks % 2 and not final:
             return None  # every other check is enough for signals that need a sustained span
         if cfg.compression and self._checks % 8 == 0:
-            ratio_c = compression_ratio(self._raw[-cfg.compression_window_chars :])
+            window = self._raw[-cfg.compression_window_chars :]
+            ratio_c = content_compression(window)
             limit = cfg.compression_max_ratio
-            if ratio_c >= limit and ratio_c >= limit * self._relax():
+            # Lines that are mostly new are rows, each with its own cells or figures.
+            share = distinct_line_share(window) if ratio_c >= limit else None
+            if ratio_c >= limit and ratio_c >= limit * self._relax() and (share or 0) <= 0.5:
                 onset = self._chars - cfg.compression_window_chars
                 return self._fire("compression", ratio_c, onset)
         if self._checks < self._diversity_next and not final:
