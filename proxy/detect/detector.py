@@ -34,6 +34,7 @@ from proxy.detect.drift import LanguageDrift, code_like, source_like, with_close
 from proxy.detect.ending import final_drift, final_flood, final_loop
 from proxy.detect.entropy import EntropyWindow, token_entropy
 from proxy.detect.gibberish import Gibberish
+from proxy.detect.items import ListCycle
 from proxy.detect.lines import LineLoop
 from proxy.detect.repetition import (
     PeriodicTail,
@@ -117,6 +118,7 @@ class Detector:
         self._relax_value: float | None = None
         self._countdown = False
         self._lines = LineLoop()
+        self._items = ListCycle()
         self._blocks = BlockLoop(cfg.block_loop_min_copies, cfg.block_loop_max_novelty)
         # A weak expectation that accepts a language of another script ("How do you say thank
         # you in Hebrew?") lets the answer establish its own script, as with no expectation.
@@ -411,6 +413,15 @@ class Detector:
         return None
 
     def _check_lines(self, new: str, final: bool) -> Verdict | None:
+        cycle = self._items.update(new, end=self._chars, final=final)
+        if cycle is not None and not (self.structured or self._json_like):
+            # A list that goes round its own items (under new numbers, as often as not).
+            self._evidence = {
+                "items_repeated": float(cycle.items),
+                "period_items": float(cycle.period),
+                "span_chars": float(cycle.span),
+            }
+            return self._fire("repetition", cycle.items, cycle.onset)
         found = self._lines.update(new, end=self._chars, final=final)
         if found is None:
             return None
