@@ -6,7 +6,8 @@ and pieces of real files of the real-file set (``bench/data/realfiles.jsonl.gz``
 the characters taken), up to a little past where the repetition family used to cut them
 (``main``: its signal then). Each is healthy and each moves on: a list item with a new subject,
 a row with new figures, a count, a table whose rows have their own cells, a grid with one more
-cell filled, a version list. Read as streamed answers they get no verdict, every signal on.
+cell filled, a version list. Read as streamed answers they get no verdict, every signal on
+(block-loop too, which is off by default).
 """
 
 from __future__ import annotations
