@@ -180,6 +180,25 @@ def test_non_streaming_abort_is_trimmed_at_onset(
     assert fake_upstream.wait_for(lambda: rec.disconnected is not None)
 
 
+def test_a_non_streamed_paragraph_repeated_eight_times_keeps_its_first_copy(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory
+) -> None:
+    """The repeating starts with the second copy: trimmed at the onset, a non-streamed answer
+    that is one paragraph eight times over comes back as that paragraph (it came back empty
+    when the onset was placed at the first copy). The paragraph is a real answer's opening
+    (the corpus' ``alpaca-Mixtral-8x22B-Instruct-v0.1-307``)."""
+    paragraph = HEALTHY[0]["text"].split("\n\n")[0] + "\n\n"
+    assert len(paragraph) > 300
+    fake_upstream.script = Script(texts=[paragraph * 8], chunk_delay=0.001)
+    base = proxy_server(trim_on_abort=True)
+    resp = httpx.post(base + "/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
+    assert resp.status_code == 200
+    choice = resp.json()["choices"][0]
+    assert choice["finish_reason"] == "content_filter"
+    assert choice["guard"]["onset_char"] == len(paragraph)
+    assert choice["message"]["content"] == paragraph
+
+
 def test_n2_with_one_looping_choice(fake_upstream: FakeVLLM, proxy_server: ProxyFactory) -> None:
     healthy = HEALTHY[0]["text"][:500]
     fake_upstream.script = Script(texts=[healthy, "Sure. " + LOOP], chunk_delay=0.001)

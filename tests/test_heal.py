@@ -39,6 +39,8 @@ ProxyFactory = Callable[..., str]
 INTRO = "Once upon a time a fox lived in the woods near a river. "
 LOOP_SENTENCE = "The answer is the answer. "
 LOOPING = INTRO + LOOP_SENTENCE * 300
+# What a heal keeps: the repeating starts with the loop's second copy, its first is content.
+KEPT = INTRO + LOOP_SENTENCE
 ENDING = " And then the fox went home, happy and tired."
 MESSAGES: list[dict[str, Any]] = [{"role": "user", "content": "Tell me a story."}]
 HEALTHY = next(
@@ -245,12 +247,12 @@ def test_with_hold_back_no_byte_of_the_loop_leaves_the_guard() -> None:
     sent = feed_events(guard, sse_stream(LOOPING))
     assert guard.needs_heal and guard.done
     text = streamed_text(data_events(sent))
-    assert text == INTRO.rstrip()
-    assert b"answer" not in sent
-    assert guard.cut == len(INTRO.rstrip())
-    assert guard.kept_tokens == len(tokenize(INTRO.rstrip()))
+    assert text == KEPT.rstrip()
+    assert b"answer. The answer" not in sent
+    assert guard.cut == len(KEPT.rstrip())
+    assert guard.kept_tokens == len(tokenize(KEPT.rstrip()))
     nxt = guard.continuation()
-    assert nxt.carry.prefix == INTRO.rstrip()
+    assert nxt.carry.prefix == KEPT.rstrip()
     assert nxt.carry.discarded == guard.stage_tokens() - guard.kept_tokens > 0
 
 
@@ -306,21 +308,21 @@ def test_openai_sync_stream_is_one_healed_response(
     assert {c.created for c in chunks} == {111}
     assert {ch.index for c in chunks for ch in c.choices} == {0}
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == INTRO.rstrip() + ENDING
+    assert text == KEPT.rstrip() + ENDING
     finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     assert len(finals) == 1 and finals[0].choices[0].finish_reason == "stop"
     guard = finals[0].choices[0].model_extra["guard"]  # type: ignore[index]
     assert guard["action"] == "healed" and guard["attempts"] == 1
-    assert guard["onset_char"] == len(INTRO.rstrip())
+    assert guard["onset_char"] == len(KEPT.rstrip())
     assert guard["tokens_discarded"] > 0
     usage = chunks[-1].usage
-    assert usage is not None and usage.completion_tokens == len(tokenize(INTRO + ENDING))
+    assert usage is not None and usage.completion_tokens == len(tokenize(KEPT + ENDING))
     sent = fake_upstream.guarded_requests()
     assert len(sent) == 2
     cont = sent[1].json
-    assert cont["messages"][-1] == {"role": "assistant", "content": INTRO.rstrip()}
+    assert cont["messages"][-1] == {"role": "assistant", "content": KEPT.rstrip()}
     assert cont["continue_final_message"] is True and cont["add_generation_prompt"] is False
-    assert cont["max_tokens"] == 1000 - len(tokenize(INTRO.rstrip()))
+    assert cont["max_tokens"] == 1000 - len(tokenize(KEPT.rstrip()))
     assert sent[0].disconnected is not None  # the looping generation was closed at the engine
     q = metrics.quality_registry
     assert recorded(metrics, "guard_heals_total") == 1
@@ -345,7 +347,7 @@ def test_no_byte_of_the_discarded_loop_reaches_the_client(
     base = proxy_server(mode="heal")
     body = {"model": "m", "messages": MESSAGES, "stream": True, "max_tokens": 1000}
     raw = httpx.post(base + "/v1/chat/completions", json=body).content
-    assert b"answer" not in raw
+    assert b"answer. The answer" not in raw
     assert raw.endswith(b"data: [DONE]\n\n") and raw.count(b"[DONE]") == 1
     assert b"chatcmpl-second" not in raw and b'"role"' in raw and raw.count(b'"role"') == 1
 
@@ -358,11 +360,11 @@ def test_openai_sync_non_stream_answers_the_healed_text(
     resp = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=1000)  # type: ignore[arg-type]
     assert resp.id == "chatcmpl-first" and resp.created == 111
     assert len(resp.choices) == 1
-    assert resp.choices[0].message.content == INTRO.rstrip() + ENDING
+    assert resp.choices[0].message.content == KEPT.rstrip() + ENDING
     assert resp.choices[0].finish_reason == "stop"
     assert resp.choices[0].model_extra["guard"]["action"] == "healed"  # type: ignore[index]
     assert resp.usage is not None
-    assert resp.usage.completion_tokens == len(tokenize(INTRO + ENDING))
+    assert resp.usage.completion_tokens == len(tokenize(KEPT + ENDING))
 
 
 def test_openai_async_stream_and_non_stream_on_completions(
@@ -385,12 +387,12 @@ def test_openai_async_stream_and_non_stream_on_completions(
     chunks, resp = asyncio.run(run())
     assert {c.id for c in chunks} == {"cmpl-first"}
     assert {ch.index for c in chunks for ch in c.choices} == {0}
-    assert "".join(c.choices[0].text for c in chunks if c.choices) == INTRO.rstrip() + ENDING
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == KEPT.rstrip() + ENDING
     assert chunks[-1].choices[0].finish_reason == "stop"
     assert resp.id == "cmpl-first"
-    assert resp.choices[0].text == INTRO.rstrip() + ENDING
+    assert resp.choices[0].text == KEPT.rstrip() + ENDING
     conts = [r.json for r in fake_upstream.guarded_requests()[1::2]]
-    assert [c["prompt"] for c in conts] == ["Once" + INTRO.rstrip()] * 2
+    assert [c["prompt"] for c in conts] == ["Once" + KEPT.rstrip()] * 2
 
 
 def test_openai_async_chat_stream(fake_upstream: FakeVLLM, proxy_server: ProxyFactory) -> None:
@@ -412,7 +414,7 @@ def test_openai_async_chat_stream(fake_upstream: FakeVLLM, proxy_server: ProxyFa
     chunks = asyncio.run(run())
     assert {c.id for c in chunks} == {"chatcmpl-first"}
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == INTRO.rstrip() + ENDING
+    assert text == KEPT.rstrip() + ENDING
 
 
 class Person(BaseModel):
@@ -451,7 +453,7 @@ def test_after_the_last_attempt_the_choice_ends_as_enforce_ends_it(
     assert final["stop_reason"] == "coherence_guard:repetition"
     assert final["guard"]["action"] == "aborted" and final["guard"]["attempts"] == 2
     assert raw.endswith(b"data: [DONE]\n\n")
-    assert b"answer" not in raw
+    assert b"answer. The answer" not in raw
     q = metrics.quality_registry
     assert recorded(metrics, "guard_heals_total") == 1
     assert q.get_sample_value("guard_heal_attempts_total", {"model": "m"}) == 2
@@ -471,7 +473,7 @@ def test_a_continuation_the_engine_refuses_ends_as_enforce(
     client = sdk.openai(proxy_server(mode="heal"))
     resp = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=1000)  # type: ignore[arg-type]
     assert resp.choices[0].finish_reason == "content_filter"
-    assert resp.choices[0].message.content == INTRO.rstrip()
+    assert resp.choices[0].message.content == KEPT.rstrip()
 
 
 def test_n2_requests_fall_back_to_enforce(
@@ -500,7 +502,7 @@ def test_x_guard_mode_heal_is_accepted_where_overrides_are(
     resp = httpx.post(
         base + "/v1/chat/completions", json=body, headers={"x-guard-mode": "heal"}
     ).json()
-    assert resp["choices"][0]["message"]["content"] == INTRO.rstrip() + ENDING
+    assert resp["choices"][0]["message"]["content"] == KEPT.rstrip() + ENDING
 
 
 def test_a_healthy_answer_in_heal_mode_is_byte_identical(

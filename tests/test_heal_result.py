@@ -27,7 +27,7 @@ from proxy.observability.metrics import Metrics
 from tests.conftest import Clients
 from tests.fakes.vllm import FakeVLLM, Script
 from tests.test_heal import (
-    INTRO,
+    KEPT,
     LOOPING,
     MESSAGES,
     ProxyFactory,
@@ -76,7 +76,7 @@ def test_a_continuation_that_turns_to_gibberish_ends_as_an_abort_at_the_last_goo
     assert final["stop_reason"] == "coherence_guard:gibberish"
     assert final["guard"]["action"] == "aborted" and final["guard"]["attempts"] == 1
     text = streamed_text(events)
-    assert text == INTRO.rstrip() + GOOD
+    assert text == KEPT.rstrip() + GOOD
     for word in REPORTED.split()[1:]:
         assert word.encode() not in raw
     assert recorded(metrics, "guard_heals_total") == 1
@@ -113,8 +113,10 @@ def test_a_continuation_judged_degenerate_when_it_ends_is_not_healed(
     assert final.finish_reason == "content_filter"
     assert guard["action"] == "aborted"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    # (a periodic loop's onset reaches into the word before it: "while." ends like "all.")
-    assert text == INTRO.rstrip() + GOOD.rstrip(".")
+    # The repeating starts with the second copy: the first is content. (A periodic loop's copies
+    # reach into the word before them: "while." ends like "all.", so the cut falls before a
+    # full stop.)
+    assert text == KEPT.rstrip() + GOOD + " The end of it all"
 
 
 class Person(BaseModel):
@@ -260,5 +262,5 @@ def test_a_continuation_with_more_invented_words_than_the_answer_is_not_a_heal(
     assert final["finish_reason"] == "content_filter"
     assert final["stop_reason"] == "coherence_guard:salad"
     assert final["guard"]["action"] == "aborted" and final["guard"]["attempts"] == 1
-    assert streamed_text(events) == INTRO.rstrip()
+    assert streamed_text(events) == KEPT.rstrip()
     assert len(fake_upstream.guarded_requests()) == 2

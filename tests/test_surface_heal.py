@@ -23,10 +23,10 @@ from proxy.core.surfaces import via_chat
 from proxy.observability.metrics import Metrics
 from tests.conftest import Clients
 from tests.fakes.vllm import FakeVLLM, Script
-from tests.test_heal import ENDING, INTRO, LOOPING, MESSAGES, looping_then_healthy, recorded
+from tests.test_heal import ENDING, KEPT, LOOPING, MESSAGES, looping_then_healthy, recorded
 
 ProxyFactory = Callable[..., str]
-HEALED = INTRO.rstrip() + ENDING
+HEALED = KEPT.rstrip() + ENDING
 
 
 def convert(endpoint: Any, body: dict[str, Any], **kw: Any) -> Any:
@@ -315,7 +315,7 @@ def test_messages_sdk_stream_is_healed(
     sent = fake_upstream.guarded_requests()
     assert [r.path for r in sent] == ["/v1/chat/completions"] * 2
     assert sent[0].json["messages"] == MESSAGES and sent[0].json["max_tokens"] == 1000
-    assert sent[1].json["messages"][-1] == {"role": "assistant", "content": INTRO.rstrip()}
+    assert sent[1].json["messages"][-1] == {"role": "assistant", "content": KEPT.rstrip()}
     assert sent[0].disconnected is not None  # the loop was closed at the engine
     assert recorded(metrics, "guard_heal_successes_total", "messages") == 1
     labels = {"model": "m", "endpoint": "messages", "outcome": "completed"}
@@ -332,7 +332,7 @@ def test_no_byte_of_the_loop_reaches_a_messages_or_responses_client(
     ):
         looping_then_healthy(fake_upstream)
         raw = httpx.post(base + path, json=body).content
-        assert b"answer" not in raw
+        assert b"answer. The answer" not in raw
         assert b"[DONE]" not in raw and b"chatcmpl" not in raw
         guard = [e for e in named_events(raw) if "guard" in orjson.dumps(e).decode()]
         assert len(guard) == 1

@@ -26,6 +26,18 @@ holding :data:`RESTART_MARKERS` of them needs one copy less. So does a run whose
 long block (:data:`LONG_BLOCK_WORDS`) that brings next to no new word: a paragraph restated
 with edits a third time (the repeated summary of a runaway answer) is a loop, not a list.
 
+Text that keeps bringing new content is not a loop, however alike its units: a list whose items
+share a sentence frame names a new herb, module or product in each ("Cut the fresh *thyme*
+stems", "… the fresh *oregano* stems"), a table of deductions brings new cells and digits. So
+the latest copy of a run (:data:`STALE_COPIES`, at least :data:`STALE_UNITS` units) must bring
+nothing new: no word the run and its source have not held — new to the recent history, or
+filling a slot of a frame the recent units share (a new combination of words seen before, the
+"Lzma" of a note written for "Bzip2" before) — and no figure the run has not held, unless it
+only counts on by the step its source took (an index, a growing expression: ``sum_B_3`` after
+``sum_B_2``). A loop's copies recycle their words; a restart marker is no content, in whatever
+words it restarts. The verdict's onset is where the repeating begins, the run's first unit: the
+first copy, its source, is content.
+
 Incremental: :meth:`BlockLoop.update` takes the text of one check; each completed unit costs a
 regular expression and a few set and dict operations, and memory is bounded by the history.
 """
@@ -62,11 +74,22 @@ RESTART_MARKERS = 2
 #: block once (two copies).
 LONG_BLOCK_WORDS = 40
 LONG_BLOCK_MAX_NEW_WORDS = 0.01
+#: Copies at the end of a run that must bring nothing new (no word, no number that does more
+#: than count on) for the run to be a loop: a list that names a new thing in every item, or a
+#: table of new figures in a shared sentence frame, moves on however alike its items are.
+STALE_COPIES = 1
+#: Units at least that must bring nothing new (one unit is too little to tell).
+STALE_UNITS = 2
+#: Words kept per run to tell what its copies bring (a loop's vocabulary saturates; a run that
+#: goes on naming new things past this is no loop).
+MAX_RUN_WORDS = 4096
 
 # A unit ends at a line break, or after a sentence end followed by space.
 _SPLIT = re.compile(r"\n|(?<=[.!?。！？])\s+")
 _DIGITS = re.compile(r"\d+")
 _TOKEN = re.compile(r"\w+")
+_NUMBERS_MAX = 8
+_FIGURE = re.compile(r"\d+(?:[.,]\d+)*")
 # One operator character twice in the unit: only then can it hold a run of one operator.
 _OPERATOR_TWICE = re.compile(r"([-+*/%^&|]).*?\1", re.DOTALL)
 # Two operands joined twice by the same operator (``a * b * c``), a condition every run of one
@@ -88,7 +111,8 @@ _RESTART = re.compile(
 @dataclass(frozen=True, slots=True)
 class BlockRun:
     """A run of units with little new content: copies of its source, share of new shingles,
-    where its first copy began, characters covered, restart markers in it."""
+    where the repeating begins (the second copy: the first is content), characters covered
+    from the first copy on, restart markers in it."""
 
     copies: float
     novelty: float
@@ -104,6 +128,8 @@ class BlockRun:
     #: period in units: what ``coherence-guard explain`` shows beside the copies.
     needed: float = 0.0
     period: int = 0
+    #: Where the first copy, the run's source, began.
+    source: int = 0
 
     def evidence(self) -> dict[str, float]:
         """The run's measures by name, as ``coherence-guard explain`` reports them."""
@@ -126,6 +152,46 @@ def masked_tokens(unit: str) -> list[str]:
     if _OPERATOR_TWICE.search(text) and _OPERATOR_CHAIN.search(text):
         text = _OPERATOR_RUN.sub(r"\1", text)
     return _TOKEN.findall(text)[:MAX_TOKENS]
+
+
+class _Unit:
+    """A recent unit: its masked tokens and words, the start of its text (where its numbers are
+    read), and, worked out only for the units a run compares, its frame, its numbers and the
+    step they took from its source's."""
+
+    __slots__ = ("_frame", "_numbers", "head", "step", "tokens", "words")
+
+    def __init__(self, tokens: list[str], words: set[str], head: str) -> None:
+        self.tokens = tokens
+        self.words = words
+        self.head = head
+        self.step: tuple[int, ...] | None = None
+        self._frame: tuple[str, ...] | None = None
+        self._numbers: tuple[int, ...] | None = None
+
+    @property
+    def frame(self) -> tuple[str, ...]:
+        if self._frame is None:
+            self._frame = _frame(self.tokens)
+        return self._frame
+
+    @property
+    def numbers(self) -> tuple[int, ...]:
+        if self._numbers is None:
+            self._numbers = _numbers(self.head)
+        return self._numbers
+
+
+def _numbers(unit: str) -> tuple[int, ...]:
+    """The unit's first numbers (as :func:`masked_tokens` reads it), each to nine digits; a
+    figure written in parts ("1.5", "1,000") is one number."""
+    found = _FIGURE.findall(unit, 0, 4 * MAX_TOKENS)[:_NUMBERS_MAX]
+    return tuple(int(n.replace(".", "").replace(",", "")[-9:]) for n in found)
+
+
+def _frame(tokens: list[str]) -> tuple[str, ...]:
+    """The unit's frame: its masked tokens, a figure written in parts ("1.5", "1,000") one."""
+    return tuple(t for i, t in enumerate(tokens) if t != "0" or i == 0 or tokens[i - 1] != "0")
 
 
 def shingles(tokens: list[str]) -> set[int]:
@@ -168,6 +234,13 @@ class BlockLoop:
         self._run_new_words = self._run_words = 0
         self._run_start = 0
         self._period = 1
+        # the recent units' masked words, numbers and the step their numbers took from their
+        # source (what a unit of a run brings is judged against them); the words the current
+        # run and its source hold; whether each recent unit of the run brought something new
+        self._units: deque[_Unit] = deque(maxlen=HISTORY_UNITS + 1)
+        self._run_vocabulary: set[str] = set()
+        self._run_keys: set[tuple[str, ...]] = set()
+        self._run_fresh: deque[bool] = deque(maxlen=HISTORY_UNITS)
 
     def update(self, new: str, *, end: int, final: bool = False) -> BlockRun | None:
         """Take the text of one check (``end``: stream length after it); return the loop the
@@ -216,13 +289,17 @@ class BlockLoop:
             known = [i for i in map(recent.get, grams) if i is not None]
             known += [i for g in grams if g not in recent and (i := older.get(g)) is not None]
         # The vocabulary shares the dictionaries: words are strings, shingles integers.
-        new_words = len(words.difference(recent).difference(older))
+        novel = words.difference(recent).difference(older)
+        new_words = len(novel)
         recent.update(dict.fromkeys(grams, index))
         recent.update(dict.fromkeys(words, index))
         if index % (HISTORY_UNITS // 2) == 0:
             self._older, self._recent = recent, {}
         self._starts.append(start)
+        unit = _Unit(tokens, words, piece[: 4 * MAX_TOKENS])
+        units = self._units
         if not continues:
+            units.append(unit)
             self._reset()
             return None
         if fresh > UNIT_MAX_NOVELTY * total:
@@ -234,20 +311,71 @@ class BlockLoop:
             and not (self._period <= 3 * lag and lag <= 3 * self._period)
         ):
             self._reset()  # it comes back from elsewhere: another repeat begins here
+        vocabulary = self._run_vocabulary
         if not self._run_units:
             self._run_start = start
             self._period = lag or 1
+            # The run's source: the units one period back, whose words the copies recycle.
+            for i in range(max(0, len(units) - self._period), len(units)):
+                vocabulary.update(units[i].words)
+                vocabulary.update(map(str, units[i].numbers))
+        source = units[-lag] if 0 < lag <= len(units) else None
+        numbers = unit.numbers
+        theirs_n = () if source is None else source.numbers
+        if len(numbers) == len(theirs_n) and numbers != theirs_n:
+            unit.step = tuple(a - b for a, b in zip(numbers, theirs_n, strict=True))
+        units.append(unit)
+        key = unit.frame
+        figures = set(map(str, numbers))
+        # New content: a word the run and its source have not held, that is new to the
+        # history too or fills the slot of its source's frame (the herb of "Cut the fresh
+        # thyme stems", a module named in the introduction); a figure the run has not held,
+        # unless it counts on by the step its source took (a counter, an index, a growing
+        # expression). A restart marker is no content, in whatever words it restarts.
+        restart = _RESTART.search(piece) is not None  # only units in a run get here
+        unseen = words - vocabulary
+        if not unseen & novel:
+            # A word seen before, or a new combination of words seen before, is content only
+            # in the slots of a frame the recent units share (the same words around them): a
+            # new item of a template, not a loop's copy in other words.
+            unseen = set()
+            if key not in self._run_keys:
+                half = len(key) // 2
+                for i in range(max(0, len(units) - 1 - 2 * self._period), len(units) - 1):
+                    theirs = units[i].frame
+                    if (
+                        len(theirs) == len(key)
+                        and theirs != key
+                        and (sum(a == b for a, b in zip(key, theirs, strict=True)) > half)
+                    ):
+                        unseen = words
+                        break
+        step = unit.step
+        brings = bool(unseen) or (
+            not figures <= vocabulary and (step is None or source is None or step != source.step)
+        )
+        if len(self._run_keys) < MAX_RUN_WORDS:
+            self._run_keys.add(key)
+        self._run_fresh.append(brings and not restart)
+        if len(vocabulary) < MAX_RUN_WORDS:
+            vocabulary.update(words)
+            vocabulary.update(figures)
         self._run_units += 1
         self._run_new += fresh
         self._run_total += total
         self._run_new_words += new_words
         self._run_words += len(words)
-        self._restarts += _RESTART.search(piece) is not None  # only units in a run get here
+        self._restarts += restart
         self._run.append((lag, len(words)))
         return self._judge(start + len(piece))
 
     def _reset(self) -> None:
+        if not self._run_units and not self._run_vocabulary:
+            return  # no run: nothing to clear (most units of healthy text)
         self._run.clear()
+        self._run_fresh.clear()
+        self._run_vocabulary = set()
+        self._run_keys = set()
         self._run_units = self._run_new = self._run_total = 0
         self._run_new_words = self._run_words = self._slips = self._restarts = 0
 
@@ -270,11 +398,26 @@ class BlockLoop:
         need = self.min_copies - (1.0 if fewer else 0.0)
         if copies < need or block_words < MIN_BLOCK_WORDS:
             return None
-        # The loop began with its first copy, one period before the run.
+        # The latest copies must bring nothing new: a template list names a new thing in
+        # every item, however few new words that makes of the run.
+        fresh = self._run_fresh
+        stale = max(STALE_COPIES * period, STALE_UNITS)
+        if any(fresh[i] for i in range(max(0, len(fresh) - stale), len(fresh))):
+            return None
+        # The repeating begins with the run; its source, the first copy, one period before.
         first = len(self._starts) - self._run_units - period
-        onset = self._starts[first] if first >= 0 else self._run_start
+        source = self._starts[first] if first >= 0 else self._run_start
         identical = self._run_new == 0 and self._run_new_words == 0
         words = self._run_new_words / max(1, self._run_words)
         return BlockRun(
-            copies, novelty, onset, end - onset, self._restarts, words, identical, need, period
+            copies,
+            novelty,
+            self._run_start,
+            end - source,
+            self._restarts,
+            words,
+            identical,
+            need,
+            period,
+            source,
         )

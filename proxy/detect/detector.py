@@ -23,7 +23,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.detect.blocks import BlockLoop, statement_lines
-from proxy.detect.diversity import compression_ratio, distinct_ratio, words_of
+from proxy.detect.diversity import (
+    compression_ratio,
+    content_compression,
+    distinct_line_share,
+    distinct_ratio,
+    tokens_of,
+)
 from proxy.detect.drift import (
     SHORT_SEGMENTS,
     LanguageDrift,
@@ -34,13 +40,17 @@ from proxy.detect.drift import (
 from proxy.detect.ending import FOREIGN_MIN, final_drift, final_flood, final_loop
 from proxy.detect.entropy import EntropyWindow, token_entropy
 from proxy.detect.gibberish import Gibberish
+from proxy.detect.items import ListCycle
 from proxy.detect.lines import LineLoop
 from proxy.detect.repetition import (
     PeriodicTail,
     counts_down,
+    counts_on,
     is_loop,
     loop_kind,
     normalise_numbers,
+    normalise_ordinals,
+    open_line,
     periodic_tail,
     repeated_ngram_rate,
 )
@@ -108,6 +118,10 @@ class Detector:
         self._norm_base = 0
         self._norm_total = 0
         self._carry = ""
+        self._line_start = True
+        # the text of the latest check with its list ordinals "0" (a list's numbering says
+        # nothing; every other number is content)
+        self._ordinals = ""
         self._anchors: deque[tuple[int, int]] = deque()
         self._fences = 0
         self._ngram_streak = 0
@@ -116,12 +130,14 @@ class Detector:
         self._relax_value: float | None = None
         self._countdown = False
         self._lines = LineLoop()
+        self._items = ListCycle()
         self._blocks = BlockLoop(cfg.block_loop_min_copies, cfg.block_loop_max_novelty)
         # A weak expectation that accepts a language of another script ("How do you say thank
         # you in Hebrew?") lets the answer establish its own script, as with no expectation.
         own = set(scripts_of_language(self.expected_language))
         other = any(not own >= set(scripts_of_language(c)) for c in self.accepted_languages)
         self._script = ScriptIntrusion(cfg, None if other else self.expected_language)
+        # the recent words and numbers (a row with new figures is no flood)
         self._words: deque[str] = deque(maxlen=max(20, cfg.ngram_window_words))
         self._checks = 0
         self._diversity_next = 0
@@ -248,20 +264,23 @@ class Detector:
         flood = final_flood(text)
         if flood is not None:
             if self._relax() <= 1.0:
-                self._fire(loop_kind(flood, text), flood.repeats, self._chars - flood.span)
+                self._fire(loop_kind(flood, text), flood.repeats, self._chars - flood.repeated)
             return
         loop = final_loop(text, min_span)
         if loop is not None:
             if self._relax() <= 1.0:
-                self._fire("repetition", loop.repeats, self._chars - loop.span)
+                self._fire("repetition", loop.repeats, self._chars - loop.repeated)
             return
-        # The same with numbers normalised: a counter loop cut short by the token limit.
+        # The same with numbers normalised: a counter loop cut short by the token limit, one
+        # copy more than an exact one (a copy under a new number is less sure a copy).
         norm = self._norm
         counter = final_loop(norm, min_span)
-        if counter is not None and self._relax() <= 1.0:
-            onset = self._norm_to_raw(self._norm_total - counter.span)
+        if counter is not None and counter.repeats >= 4 and self._relax() <= 1.0:
+            first = self._norm_to_raw(self._norm_total - counter.span)
             slots = norm[len(norm) - counter.period :].count("0")
-            if not counts_down(self._raw[max(0, onset - self._raw_base) :], slots):
+            region = self._raw[max(0, first - self._raw_base) :]
+            if not counts_down(region, slots) and counts_on(region, slots):
+                onset = self._norm_to_raw(self._norm_total - counter.repeated)
                 self._fire("repetition", counter.repeats, onset)
 
     # -- evaluation ------------------------------------------------------------------------
@@ -292,13 +311,20 @@ class Detector:
             cut = len(self._raw) - self._keep
             self._raw = self._raw[cut:]
             self._raw_base += cut
-        # Normalise up to the last non-digit so a number split across checks stays whole.
+        # Normalise up to where a number or an ordinal may be split across checks ("\n1" now,
+        # "2. " next).
         text = self._carry + new
         raw_start = self._chars - len(text)
-        cut_at = len(text) if final else len(text.rstrip("0123456789"))
+        cut_at = len(text)
+        if not final:
+            cut_at = min(
+                open_line(text, line_start=self._line_start), len(text.rstrip("0123456789"))
+            )
         self._carry = text[cut_at:]
+        self._ordinals = normalise_ordinals(text[:cut_at], line_start=self._line_start)
         piece = normalise_numbers(text[:cut_at])
         if piece:
+            self._line_start = piece[-1] == "\n"
             self._anchors.append((self._norm_total, raw_start))
             self._norm += piece
             self._norm_total += len(piece)
@@ -382,7 +408,8 @@ class Detector:
             if is_loop(exact, window, need, span) and is_loop(
                 exact, window, need * self._relax(), span
             ):
-                return self._fire(loop_kind(exact, window), exact.repeats, self._chars - exact.span)
+                onset = self._chars - exact.repeated  # the first copy is content
+                return self._fire(loop_kind(exact, window), exact.repeats, onset)
         norm = self._norm[-cfg.window_chars :]
         counter = periodic_tail(norm)
         if counter is not None:
@@ -391,16 +418,27 @@ class Detector:
             if is_loop(counter, norm, need, span) and is_loop(
                 counter, norm, need * self._relax(), span
             ):
-                onset = self._norm_to_raw(self._norm_total - counter.span)
+                first = self._norm_to_raw(self._norm_total - counter.span)
                 slots = norm[len(norm) - counter.period :].count("0")
-                self._countdown = counts_down(self._raw[max(0, onset - self._raw_base) :], slots)
-                if not self._countdown:
+                region = self._raw[max(0, first - self._raw_base) :]
+                self._countdown = counts_down(region, slots)
+                if not self._countdown and counts_on(region, slots):
+                    onset = self._norm_to_raw(self._norm_total - counter.repeated)
                     return self._fire(loop_kind(counter, norm), counter.repeats, onset)
                 return None
         self._countdown = False
         return None
 
     def _check_lines(self, new: str, final: bool) -> Verdict | None:
+        cycle = self._items.update(new, end=self._chars, final=final)
+        if cycle is not None and not (self.structured or self._json_like):
+            # A list that goes round its own items (under new numbers, as often as not).
+            self._evidence = {
+                "items_repeated": float(cycle.items),
+                "period_items": float(cycle.period),
+                "span_chars": float(cycle.span),
+            }
+            return self._fire("repetition", cycle.items, cycle.onset)
         found = self._lines.update(new, end=self._chars, final=final)
         if found is None:
             return None
@@ -408,7 +446,7 @@ class Detector:
         copies, onset, span = found[0] / 100, found[1], found[2]
         if copies < cfg.line_loop_min_repeats or span < cfg.line_loop_min_span_chars:
             return None
-        region = self._raw[max(0, onset - self._raw_base) :]
+        region = self._raw[max(0, found[5] - self._raw_base) :]
         if self._relax() > 1.0 or code_like(region):
             return None  # code, tables and JSON repeat lines by design (exact loops still count)
         slots = round(len(_NUMBER.findall(region)) / copies)
@@ -422,7 +460,7 @@ class Detector:
         run = self._blocks.update(new, end=self._chars, final=final)
         if run is None or run.span < cfg.block_loop_min_span_chars:
             return None
-        start = max(0, run.onset - self._raw_base)
+        start = max(0, run.source - self._raw_base)
         region = self._raw[start : start + run.span]
         if (self._relax() > 1.0 or code_like(region) or statement_lines(region)) and (
             run.copies < cfg.counter_min_repeats * cfg.structured_relax
@@ -444,14 +482,18 @@ class Detector:
 
     def _check_diversity(self, new: str, final: bool) -> Verdict | None:
         cfg = self.config
-        self._words.extend(words_of(new))
+        # The new text, its list ordinals "0": a list's numbering says nothing.
+        self._words.extend(tokens_of(self._ordinals[-self._keep :]))
         self._checks += 1
         if self._checks % 2 and not final:
             return None  # every other check is enough for signals that need a sustained span
         if cfg.compression and self._checks % 8 == 0:
-            ratio_c = compression_ratio(self._raw[-cfg.compression_window_chars :])
+            window = self._raw[-cfg.compression_window_chars :]
+            ratio_c = content_compression(window)
             limit = cfg.compression_max_ratio
-            if ratio_c >= limit and ratio_c >= limit * self._relax():
+            # Lines that are mostly new are rows, each with its own cells or figures.
+            share = distinct_line_share(window) if ratio_c >= limit else None
+            if ratio_c >= limit and ratio_c >= limit * self._relax() and (share or 0) <= 0.5:
                 onset = self._chars - cfg.compression_window_chars
                 return self._fire("compression", ratio_c, onset)
         if self._checks < self._diversity_next and not final:

@@ -20,6 +20,18 @@ def words_of(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
+# Words as above, and numbers: a row that repeats the last one's words with new figures says
+# something new, which the repeated n-gram rate must see.
+_TOKEN = re.compile(
+    r"[^\W\d_]\w*|\d+(?:\.\d+)*|(?<![-<>=!~^@?&|+*/%])[-<>=!~^@?&|+*/%]{1,3}(?![-<>=!~^@?&|+*/%])"
+)
+
+
+def tokens_of(text: str) -> list[str]:
+    """Case-folded words (as :func:`words_of` finds them) and numbers ("3.4" one), in order."""
+    return _TOKEN.findall(text.lower())
+
+
 def distinct_ratio(words: list[str]) -> float | None:
     """Type-token ratio of ``words`` (distinct-1); ``None`` for fewer than 20 words."""
     if len(words) < 20:
@@ -49,3 +61,20 @@ def compression_ratio(text: str) -> float:
     if not data:
         return 1.0
     return len(data) / len(zlib.compress(data, 6))
+
+
+def content_compression(text: str) -> float:
+    """Compression ratio of the text's words and numbers alone: table rules, box drawing,
+    quoting and indentation are layout, and a table whose rows repeat their frame with new
+    cells or new figures is no flood; a loop compresses as well without them."""
+    return compression_ratio(" ".join(tokens_of(text)))
+
+
+def distinct_line_share(text: str) -> float | None:
+    """Share of distinct lines among the non-blank lines of ``text`` (its first, maybe partial,
+    line left out); ``None`` for fewer than four lines (a loop inside one line)."""
+    lines = [ln.strip() for ln in text.split("\n")[1:]]
+    lines = [ln for ln in lines if ln]
+    if len(lines) < 4:
+        return None
+    return len(set(lines)) / len(lines)

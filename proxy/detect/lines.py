@@ -6,15 +6,16 @@ repeats its item with only the number changing and a word swapped here and there
 of *units* — lines, or sentences inside long lines — such a loop is still periodic, once two
 units that share nearly all their words count as equal.
 
-Each completed unit is reduced to the sequence of its words (case-folded, letters only: numbers
-and punctuation are what changes between copies of a counter loop), and compared with the units
-1 to ``MAX_PERIOD`` places back; two units are the same when one word at most was substituted,
-inserted or deleted. That is a loop's small edit, and it is not a template: list items that
-share a frame ("how AI is changing the way film / music is produced") differ in several words,
-and so do the verses of a cumulative song. ``run[p]`` counts how many consecutive units
-matched the unit ``p`` places before them; a run of ``r`` units at period ``p`` covers
-``(r + p) / p`` copies of a ``p``-unit block. Most units differ in length from every recent one
-by more than a word, which one comparison settles, so a unit costs a few microseconds.
+Each completed unit is reduced to the sequence of its words and numbers (case-folded; a number
+is content: rows that differ in their figures are different rows, each a new one), and compared
+with the units 1 to ``MAX_PERIOD`` places back; two units are the same when one word or number
+at most was substituted, inserted or deleted. That is a loop's small edit, and it is not a
+template: list items that share a frame ("how AI is changing the way film / music is
+produced") differ in several words, and so do the verses of a cumulative song. ``run[p]``
+counts how many consecutive units matched the unit ``p`` places before them; a run of ``r``
+units at period ``p`` covers ``(r + p) / p`` copies of a ``p``-unit block. Most units differ in
+length from every recent one by more than a word, which one comparison settles, so a unit
+costs a few microseconds.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import re
 from collections import deque
 
-from proxy.detect.diversity import words_of
+from proxy.detect.diversity import tokens_of
 from proxy.detect.ending import words_in
 
 #: Longest block (units) looked for: a dialogue exchange or a stanza of a few lines.
@@ -42,6 +43,8 @@ MIN_BLOCK_WORDS = 12
 
 # A unit ends at a line break, or after a sentence end followed by space.
 _SPLIT = re.compile(r"\n|(?<=[.!?。！？])\s+")
+# The ordinal that opens a list item.
+_ORDINAL = re.compile(r"^[ \t]*\d{1,4}[.)](?=[ \t]|$)")
 
 
 def similar(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
@@ -75,15 +78,16 @@ class LineLoop:
 
     def update(
         self, new: str, *, end: int, final: bool = False
-    ) -> tuple[int, int, int, int, int] | None:
+    ) -> tuple[int, int, int, int, int, int] | None:
         """Take the text of one check (``end``: stream length after it). Return (copies x 100,
-        onset offset, covered characters, period in units, edited matches) of the unit loop the
-        latest unit belongs to, or None."""
+        onset offset (the second copy's start), characters covered from the first copy on,
+        period in units, edited matches, the first copy's start) of the unit loop the latest
+        unit belongs to, or None."""
         if not self._partial:
             self._partial_start = end - len(new)
         text = self._partial + new
         base = self._partial_start
-        latest: tuple[int, int, int, int, int] | None = None
+        latest: tuple[int, int, int, int, int, int] | None = None
         begin = 0
         for match in _SPLIT.finditer(text):
             latest = self._add(text[begin : match.start()], base + begin, latest)
@@ -96,12 +100,13 @@ class LineLoop:
         return latest
 
     def _add(
-        self, piece: str, start: int, latest: tuple[int, int, int, int, int] | None
-    ) -> tuple[int, int, int, int, int] | None:
+        self, piece: str, start: int, latest: tuple[int, int, int, int, int, int] | None
+    ) -> tuple[int, int, int, int, int, int] | None:
         """Add one unit; return the loop it continues (``latest`` for a blank unit)."""
         if not piece.strip():
             return latest
-        found = words_of(piece)
+        # A list item's ordinal says nothing; every other number is content.
+        found = tokens_of(_ORDINAL.sub("", piece, count=1))
         words = tuple(found[:MAX_UNIT_WORDS]) + (
             (str(len(found)),) if len(found) > MAX_UNIT_WORDS else ()
         )
@@ -133,7 +138,7 @@ class LineLoop:
         units.append((unit, start, len(piece), count))
         if not alive:
             return None
-        best: tuple[int, int, int, int, int] | None = None
+        best: tuple[int, int, int, int, int, int] | None = None
         for p in range(1, MAX_PERIOD + 1):
             run = runs[p]
             if run < p or self._edited[p] > MAX_EDITED:
@@ -147,5 +152,7 @@ class LineLoop:
             span = start + len(piece) - first[1]
             copies = 100 * covered // p
             if best is None or copies > best[0]:
-                best = (copies, first[1], span, p, self._edited[p])
+                # The repeating starts with the second copy: the first is content.
+                second = units[-covered + p][1] if covered > p else first[1]
+                best = (copies, second, span, p, self._edited[p], first[1])
         return best

@@ -7,9 +7,11 @@ many whole copies of the last unit precede it. That finds any period from one ch
 the window size in O(window) time with no per-character Python loop, which is what keeps the
 detector above a million characters per second.
 
-Counter loops (``Paragraph 17 … Paragraph 18 …`` with the same body) are periodic only once
-numbers are normalised, so the same check also runs on text whose digit runs are replaced by a
-single ``0`` (see :func:`normalise_numbers`).
+Lists that cycle their items under new numbers (``21. Harvested``, ``22. Harvesting``, …, the
+text of earlier items) are periodic only once the numbering is normalised, so the same check
+also runs on text whose list ordinals are replaced by a single ``0`` (see
+:func:`normalise_ordinals`). Other numbers stay: a row that differs from the last one only in
+its numbers brings new figures (a table, a test vector, an enum, a count from 1 to 100).
 """
 
 from __future__ import annotations
@@ -26,6 +28,32 @@ def normalise_numbers(text: str) -> str:
     return _DIGITS.sub("0", text)
 
 
+# A list item's ordinal: a number that opens a line (after its indentation), followed by "."
+# or ")" and a space (or the end of what has arrived).
+_ORDINAL = re.compile(r"(?<=\n)([ \t]*)\d{1,4}(?=[.)](?:[ \t]|\Z))")
+# The end of the text that may still become an ordinal when more comes.
+_OPEN_LINE = re.compile(r"(?:\A|\n)[ \t]*\d{0,4}[.)]?\Z")
+
+
+def normalise_ordinals(text: str, *, line_start: bool) -> str:
+    """Replace the ordinals of list items by ``0`` (``21. Hara`` and ``22. Hara`` compare
+    equal); ``line_start``: whether ``text`` begins a line.
+
+    A list's numbering says nothing: a list that repeats its own items under new numbers is
+    going round. Every other number is content — a row of a table, a test vector, a port, a
+    count from 1 to 100 brings its new figures — so it is kept."""
+    return _ORDINAL.sub(r"\g<1>0", ("\n" if line_start else " ") + text)[1:]
+
+
+def open_line(text: str, *, line_start: bool) -> int:
+    """Where the end of ``text`` that may still become an ordinal begins (``len(text)`` when
+    none may): the caller keeps it back until more text has come."""
+    found = _OPEN_LINE.search(text)
+    if found is None or (found.start() == 0 and not line_start and not text.startswith("\n")):
+        return len(text)
+    return found.start() + (text[found.start()] == "\n")
+
+
 @dataclass(frozen=True, slots=True)
 class PeriodicTail:
     """The periodic region that ends the text: unit length, covered length, repetitions."""
@@ -36,6 +64,12 @@ class PeriodicTail:
     @property
     def repeats(self) -> float:
         return self.span / self.period if self.period else 0.0
+
+    @property
+    def repeated(self) -> int:
+        """Characters after the first copy: the repeating starts with the second (the first
+        copy is content, and a trimmed answer keeps it)."""
+        return max(0, self.span - self.period)
 
     @property
     def mass(self) -> float:
@@ -124,6 +158,45 @@ def counts_down(region: str, slots: int) -> bool:
     numbers = [int(n[-9:]) for n in _NUMBER.findall(region)]
     steps = [b - a for a, b in zip(numbers, numbers[slots:], strict=False)]
     return bool(steps) and all(d <= 0 for d in steps) and any(d < 0 for d in steps)
+
+
+_WORD = re.compile(r"[^\W\d_]+")
+_SENTENCE_END = re.compile(r"[^\W\d_][.!?][\"')\]]*\s")
+
+
+def counts_on(region: str, slots: int) -> bool:
+    """Whether the numbers of a counter loop's copies say nothing new: they are list ordinals
+    (``21. Harvested``, ``22. Harvesting``: a list's numbering), or counters inside copies of
+    prose (``2019 was the year of the dragon …``, ``2020 was …``: the copies are sentences of
+    words, and each number steps on by the same amount from copy to copy). Other numbers are
+    content: a row that repeats the last one's frame with new figures, an enum, a version list,
+    a count from 1 to 100 each brings something new. ``slots``: numbers per copy, ordinals
+    included."""
+    figures = [int(m.group()[-9:]) for m in _DIGITS.finditer(region) if not _is_ordinal(region, m)]
+    if not figures:
+        return True
+    # Prose: sentences, four words or more for every number in them (a row of a table or a
+    # file's records ends in no sentence: its key and figures are what it says).
+    numbers = len(_DIGITS.findall(region))
+    copies = numbers / max(1, slots)
+    if (
+        4 * len(figures) > len(_WORD.findall(region))
+        or len(_SENTENCE_END.findall(region)) < copies - 1
+    ):
+        return False
+    per_copy = max(1, round(slots * len(figures) / max(1, numbers)))
+    steps = [b - a for a, b in zip(figures, figures[per_copy:], strict=False)]
+    return all(d == e for d, e in zip(steps, steps[per_copy:], strict=False))
+
+
+def _is_ordinal(text: str, number: re.Match[str]) -> bool:
+    start, end = number.span()
+    line = text.rfind("\n", 0, start) + 1
+    return (
+        not text[line:start].strip(" \t")
+        and text[end : end + 1] in (".", ")")
+        and text[end + 1 : end + 2] in (" ", "\t", "")
+    )
 
 
 def is_loop(tail: PeriodicTail, text: str, min_repeats: float, min_span: int) -> bool:

@@ -9,9 +9,10 @@ names) that the language's word list does not hold at all.
 
 The word lists are `wordfreq <https://pypi.org/project/wordfreq/>`_'s "large" lists (words down
 to about one in 10⁸ of running text). Only languages that have one and that were measured
-(``bench/measure/detector/measure_salad.py``, docs/detector.md, *Word salad*) are checked: the "small" lists (Turkish,
-Indonesian, Vietnamese) miss ordinary inflected forms, and English salad was never seen while its
-changelogs and copyright files are full of package names. A list is loaded once per process and
+(``bench/measure/detector/measure_salad.py``, docs/detector.md, *Word salad*) are checked: the
+"small" lists (Turkish, Indonesian, Vietnamese) miss ordinary inflected forms; English is judged
+while streaming only, as its healthy changelogs and copyright files are full of package names.
+A list is loaded once per process and
 language, on first use, and kept as a sorted array of string hashes (5 MB instead of the 60 to
 120 MB a set of the words takes).
 

@@ -50,8 +50,9 @@ class DetectorConfig:
     # Block-loop signal on/off (with repetition): units (lines, sentences) that keep recycling
     # what the last few dozen units said, in other words or with growing numbers and
     # expressions: templated code, circular commentary, restarted reasoning
-    # (proxy/detect/blocks.py).
-    block_loop: bool = True
+    # (proxy/detect/blocks.py). Off by default: on real answers and real files it still cuts
+    # finite lists whose items share a frame (docs/detector.md, "The block-loop signal").
+    block_loop: bool = False
     # Copies of its source a run of units with little new content must make (one less when
     # the run holds restart markers such as "Wait, let me think again").
     block_loop_min_copies: float = 4.0

@@ -88,18 +88,21 @@ def test_a_flood_in_the_last_80_characters_is_caught_at_the_end(tail: str) -> No
 
 
 @pytest.mark.parametrize(
-    ("tail", "signal"),
-    [("的" * 45, "token-flood"), ("谢谢" * 25, "token-flood"), ("暴风雪礼赞" * 13, "repetition")],
+    ("unit", "copies", "signal"),
+    [("的", 45, "token-flood"), ("谢谢", 25, "token-flood"), ("暴风雪礼赞", 13, "repetition")],
     ids=["char", "word", "phrase"],
 )
-def test_a_chinese_flood_at_the_end_is_named_by_its_words(tail: str, signal: str) -> None:
+def test_a_chinese_flood_at_the_end_is_named_by_its_words(
+    unit: str, copies: int, signal: str
+) -> None:
     """The end judgement names what it finds as the streaming one does: a phrase of five
-    ideographs ("ode to the blizzard") repeated is a loop, a word repeated a flood."""
-    text = CHINESE + tail
+    ideographs ("ode to the blizzard") repeated is a loop, a word repeated a flood. The
+    repeating starts with the second copy (of the shortest unit: 谢谢 is 谢 twice)."""
+    text = CHINESE + unit * copies
     assert not streamed_only(text, DetectorConfig())
     verdict = stream(text).verdict
     assert verdict is not None and verdict.signal == signal
-    assert verdict.onset_char == len(CHINESE)
+    assert len(CHINESE) < verdict.onset_char <= len(CHINESE) + len(unit)
 
 
 @pytest.mark.parametrize(
@@ -171,7 +174,8 @@ def test_a_counter_loop_cut_short_by_the_token_limit_is_a_loop_at_the_end() -> N
     assert not streamed_only(ENGLISH[:200] + loop, DetectorConfig())
     verdict = stream(ENGLISH[:200] + loop).verdict
     assert verdict is not None and verdict.signal == "repetition"
-    assert abs(verdict.onset_char - 200) <= 2
+    # The repeating starts with the second copy (the first is content).
+    assert abs(verdict.onset_char - (200 + len(loop) // 5)) <= 3
     countdown = "".join(
         f"{n} was the year of the dragon, the year of fire. " for n in range(9, 4, -1)
     )

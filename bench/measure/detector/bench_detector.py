@@ -1,10 +1,12 @@
-"""Detector throughput and memory per stream, all signals on.
+"""Detector throughput and memory per stream, the default signals on.
 
 Streams texts through :class:`proxy.detect.Detector` in the same token-sized deltas the score
 CLI uses and reports characters per second of detector time (one core) and the peak memory one
-detector holds after a long stream. Run::
+detector holds after a long stream. ``--block-loop`` adds the block-loop signal, which is off by
+default. Run::
 
     python bench/measure/detector/bench_detector.py [CORPUS.jsonl] [--limit N] [--repeat R]
+        [--block-loop]
 
 Without a corpus it uses the texts under ``tests/data/detect/``. Not a test: timings are
 reported, never asserted.
@@ -38,7 +40,7 @@ def _texts(path: Path, limit: int | None) -> list[str]:
     return texts
 
 
-def _throughput(deltas: list[list[str]], repeat: int) -> float:
+def _throughput(deltas: list[list[str]], repeat: int, config: DetectorConfig) -> float:
     """Best-of-``repeat`` characters per CPU second of feed()+finish() (process time, so other
     load on a shared machine does not count against the detector)."""
     chars = sum(len(d) for text in deltas for d in text)
@@ -46,7 +48,7 @@ def _throughput(deltas: list[list[str]], repeat: int) -> float:
     for _ in range(repeat):
         start = time.process_time()
         for text in deltas:
-            detector = Detector()
+            detector = Detector(config)
             feed = detector.feed
             for delta in text:
                 if feed(delta) is not None:
@@ -74,7 +76,7 @@ def _deep_size(obj: object, seen: set[int] | None = None) -> int:
     return size
 
 
-def _memory_per_stream(chars: int) -> tuple[int, int]:
+def _memory_per_stream(chars: int, shared: DetectorConfig) -> tuple[int, int]:
     """(bytes one detector holds after ``chars`` of varied text, peak bytes allocated while
     streaming them). The text never loops, so the detector keeps watching to the end."""
     rng = random.Random(1)
@@ -82,7 +84,6 @@ def _memory_per_stream(chars: int) -> tuple[int, int]:
     vocabulary = [
         "".join(rng.choice(letters) for _ in range(rng.randint(2, 9))) for _ in range(5000)
     ]
-    shared = DetectorConfig()
     detector = Detector(shared)
     detector.feed("warm up the language model and the regular expressions once. ")
     tracemalloc.start()
@@ -104,16 +105,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("corpus", nargs="?", type=Path, default=_DEFAULT)
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--block-loop", action="store_true", help="the block-loop signal on too")
     args = parser.parse_args(argv)
+    config = DetectorConfig(block_loop=True) if args.block_loop else DetectorConfig()
     texts = _texts(args.corpus, args.limit)
     deltas = [list(split_deltas(t)) for t in texts]
     chars = sum(len(t) for t in texts)
     Detector().feed("x" * 200)  # load fastText and compile patterns outside the timing
-    rate = _throughput(deltas, args.repeat)
+    rate = _throughput(deltas, args.repeat, config)
     print(f"texts {len(texts)}, chars {chars}, deltas {sum(len(d) for d in deltas)}")
     print(f"detector throughput: {rate / 1e6:.2f} M chars/s (one core, best of {args.repeat})")
     for size in (10_000, 100_000, 1_000_000):
-        held, peak = _memory_per_stream(size)
+        held, peak = _memory_per_stream(size, config)
         print(
             f"one detector after {size:>9,} chars: holds {held / 1024:6.1f} KiB"
             f" (peak allocated while streaming {peak / 1024:6.1f} KiB)"

@@ -42,6 +42,10 @@ SPLIT = ROOT / "bench" / "data" / "realanswers_split.json"
 LABELS = ROOT / "bench" / "data" / "realanswers_labels.jsonl"
 
 
+#: The detector's settings (``--block-loop`` turns on the block-loop signal, off by default).
+CONFIG: Any = None
+
+
 def judge(prompt: str, answer: str) -> dict[str, Any] | None:
     """The verdict the relay reaches on ``answer`` to ``prompt``: ``at`` is where the client's
     stream was cut (the answer's length for a verdict at its finish), ``onset`` the detector's."""
@@ -52,6 +56,7 @@ def judge(prompt: str, answer: str) -> dict[str, Any] | None:
     body = {"model": "m", "messages": [{"role": "user", "content": prompt}]}
     rw = rewrite_request(body, "chat", RewritePolicy())
     detector = Detector(
+        CONFIG,
         expected_language=rw.expected_language,
         structured=rw.structured,
         language_source=rw.expectation.source,
@@ -108,7 +113,15 @@ def main(argv: list[str] | None = None) -> None:
         help="take the verdicts from a bench/measure/detector/replay_realanswers.py file (what a "
         "client of a running proxy got) instead of judging here",
     )
+    parser.add_argument(
+        "--block-loop", action="store_true", help="the block-loop signal on (off by default)"
+    )
     args = parser.parse_args(argv)
+    if args.block_loop:
+        from proxy.detect import DetectorConfig
+
+        global CONFIG
+        CONFIG = DetectorConfig(block_loop=True)
     rows, labels = load(args.half)
     replayed = _replayed(args.replay) if args.replay else None
     if args.ids:

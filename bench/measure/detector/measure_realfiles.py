@@ -34,6 +34,10 @@ PROMPT = "Show me the file."
 FENCES = {"python": "python", "c": "c", "javascript": "javascript", "shell": "bash"}
 
 
+#: The detector's settings (``--block-loop`` turns on the block-loop signal, off by default).
+CONFIG: Any = None
+
+
 def judge(text: str) -> dict[str, Any] | None:
     from proxy.core.rewrite import RewritePolicy, rewrite_request
     from proxy.detect import Detector
@@ -42,6 +46,7 @@ def judge(text: str) -> dict[str, Any] | None:
     body = {"model": "m", "messages": [{"role": "user", "content": PROMPT}]}
     rw = rewrite_request(body, "chat", RewritePolicy())
     detector = Detector(
+        CONFIG,
         expected_language=rw.expected_language,
         language_source=rw.expectation.source,
         accepted_languages=rw.expectation.accepted,
@@ -67,7 +72,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--group", choices=("code", "prose", "structured"))
     parser.add_argument("--list", action="store_true", help="print every verdict")
     parser.add_argument("--json", type=Path, help="write every verdict to this file")
+    parser.add_argument(
+        "--block-loop", action="store_true", help="the block-loop signal on (off by default)"
+    )
     args = parser.parse_args(argv)
+    if args.block_loop:
+        from proxy.detect import DetectorConfig
+
+        global CONFIG
+        CONFIG = DetectorConfig(block_loop=True)
     with gzip.open(DATA, "rt", encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
     rows = [
