@@ -321,8 +321,17 @@ class Detector(LoopChecks):
         return verdict
 
     def _check_script(self, new: str) -> Verdict | None:
+        # Inside code, a table or JSON another script is data (a locale file's strings, a
+        # transliteration table), not the answer's language: fenced code is not counted at
+        # all, and other code and tables are asked about only once a verdict would fire.
+        fences = new.count("```")
+        if fences or self._fences % 2:
+            inside = (self._fences - fences) % 2 == 1
+            new = "".join(new.split("```")[1 if inside else 0 :: 2])
         found = self._script.update(new, end=self._chars)
-        return None if found is None else self._fire("script-intrusion", *found)
+        if found is None or self._structured_context():
+            return None
+        return self._fire("script-intrusion", *found)
 
     def _check_language(self, new: str, final: bool) -> Verdict | None:
         found = self._drift.update(new, end=self._chars, fences=self._fences, final=final)
