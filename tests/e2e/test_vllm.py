@@ -210,11 +210,15 @@ def test_max_tokens_default_and_cap_reach_the_engine(
 def test_language_auto_adds_the_instruction_the_engine_sees(
     vllm_engine: Server, start_proxy: ProxyFactory, model_name: str
 ) -> None:
-    """The engine's prompt token count through the proxy equals that of the same request sent
-    directly with the Italian instruction as system message, and differs from the bare one."""
+    """``auto`` injects only what the request unambiguously asks for (docs/language.md's tier
+    table): an Italian question that ends "Rispondi in italiano." reaches the engine with the
+    Italian instruction as system message, while the same question without that clause reaches
+    it untouched, a guess from the prompt's language being no instruction.  The engine's own
+    prompt token counts show what it was sent."""
     proxy = start_proxy(vllm_engine, language="auto")
     question = "Scrivi una breve poesia sul mare e sul cielo d'estate, per favore."
-    user = {"role": "user", "content": question}
+    asked = {"role": "user", "content": question + " Rispondi in italiano."}
+    bare = {"role": "user", "content": question}
     system = {"role": "system", "content": LANGUAGE_INSTRUCTIONS["it"]}
 
     def prompt_tokens(server: Server, messages: list[dict[str, str]]) -> int:
@@ -224,9 +228,10 @@ def test_language_auto_adds_the_instruction_the_engine_sees(
         assert answer.usage is not None
         return answer.usage.prompt_tokens
 
-    through_proxy = prompt_tokens(proxy, [user])
-    assert through_proxy == prompt_tokens(vllm_engine, [system, user])
-    assert through_proxy != prompt_tokens(vllm_engine, [user])
+    through_proxy = prompt_tokens(proxy, [asked])
+    assert through_proxy == prompt_tokens(vllm_engine, [system, asked])
+    assert through_proxy != prompt_tokens(vllm_engine, [asked])
+    assert prompt_tokens(proxy, [bare]) == prompt_tokens(vllm_engine, [bare])
     quality = proxy.metrics_text("/metrics/quality")
     assert sample_value(quality, "guard_language_constraint_total", language="it") == 1
 
