@@ -66,6 +66,15 @@ def system(text: str) -> tuple[Role, str]:
         ("Odpowiedz po angielsku.", "en"),
         ("Antwoord in het Engels.", "en"),
         ("Svara på engelska.", "en"),
+        # read from a set of shapes written blind (bench/data/language_shapes_third.jsonl):
+        # a Swahili directive, a preference said as the request, a clause "in X now",
+        # romanised Hindi, and an Arabic adverb written with its tanwin before the alif
+        ("Jibu kwa Kiswahili: what are the health benefits of drinking water?", "sw"),
+        ("¿y cuál tiene mejor batería? perdona, prefiero en español", "es"),
+        ("en français maintenant stp : quelle est la plus grande ville ?", "fr"),
+        ("Now in German, please.", "de"),
+        ("bhai quantum entanglement kya hota hai? hindi mein samjhao please", "hi"),
+        ("أجب دائماً باللغة العربية الفصحى مهما كانت لغة السؤال.", "ar"),
         (
             "You are a translation engine. Translate the user's text into French. "
             "Output only the translation, nothing else.",
@@ -99,6 +108,11 @@ def test_unambiguous_instructions_in_many_languages(text: str, code: str) -> Non
         "Describe bowing etiquette in Japanese.",
         "Write a sentence in Spanish and explain its grammar.",
         "Напиши о русском рынке.",
+        # a text to write, with its subject after the name: the answer may frame it in the
+        # prompt's language ("Here is a poem in Italian: … Translation: …")
+        "Write a short poem in Italian about the sea at dawn",
+        "I talk in French because I live in Paris. Where can I buy bread?",
+        "Is the hindi mein part of the sentence correct?",
     ],
 )
 def test_mentions_are_never_instructions(text: str) -> None:

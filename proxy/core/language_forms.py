@@ -133,8 +133,17 @@ _BEFORE: tuple[re.Pattern[str], ...] = tuple(
         r"(?<![\w])(?:jawab\w*|balas\w*|tulis\w*|gunakan|pakai|pake|bicara|menjawab|membalas)"
         r"(?:\s+(?:saja|selalu|hanya|ya|dengan|dalam|pakai|pake|menggunakan))*\s+",
         r"(?<![\w])(?:trả\s+lời|viết|nói|dùng|sử\s+dụng)(?:\s+(?:chỉ|luôn|bằng))*\s+",
-        r"(?:أجب|اجب|أجيبي|اجيبي|رد|ردّ|ردي|اكتب|أكتب|تحدث|تكلم)(?:\s+(?:فقط|دائما|دائمًا|من\s+فضلك"
+        r"(?:أجب|اجب|أجيبي|اجيبي|رد|ردّ|ردي|اكتب|أكتب|تحدث|تكلم)(?:\s+(?:فقط|دائما|دائمًا|دائماً|من\s+فضلك"
         r"|رجاء|رجاءً))*\s+(?:باللغة\s+|بلغة\s+|بال|ب)?",
+        # Swahili: "Jibu kwa Kiswahili", "niandikie kwa lugha ya Kiingereza"
+        r"(?<![\w])(?:jibu|nijibu|tujibu|andika|niandikie|eleza|nieleze)(?:\s+(?:tu|daima"
+        r"|tafadhali))*\s+kwa\s+(?:lugha\s+ya\s+)?",
+        # A preference said as the request: "perdona, prefiero en español", "je préfère en
+        # français", "prefiro em português"
+        r"(?<![\w])(?:prefiero|prefiro|pr[ée]f[èe]re|preferisco|preferirei|preferiría)(?:\s+(?:que"
+        r"|me|mi|si|la|le|respuesta|risposta|resposta|réponse|respondas|responda|contestes"
+        r"|rispondi|rispondere|répondre|responder|contestar|escribas|écrire|que\s+tu))*\s+"
+        r"(?:en|em|in)\s+",
         r"(?:ענה|עני|תענה|תעני|כתוב|כתבי)(?:\s+(?:רק|תמיד))*\s+(?:ב|ל)?",
         r"(?<![\w])(?:απάντ\w*|γράψ\w*|γράφ\w*)(?:\s+(?:μόνο|πάντα|μου))*\s+(?:στα|σε|στην)\s+",
         # Chinese, Thai
@@ -153,6 +162,8 @@ _AFTER = re.compile(
     r"|^(?:로만|으로만|로|으로)\s*(?:만\s*)?(?:답|대답|답변|응답|말|써|작성|설명|얘기|이야기|해)"
     r"|^(?:'?\w{0,4})?\s+(?:olarak\s+|dilinde\s+)?(?:cevap|yanıt|yanit|yaz|konuş|cevapla|yanıtla)"
     r"|^\s+में\s+(?:ही\s+)?(?:जवाब|उत्तर|लिख|बात|बोल|दें|दो|दीजिए|दीजिये)"
+    r"|^\s+(?:me|mein|mai|main|mei|mey)\s+(?:hi\s+)?(?:samjha\w*|bata\w*|likh\w*|jawab|bol\w*"
+    r"|baat|reply|answer|explain)(?![\w])"
     r"|^\s+(?:پاسخ|جواب|بنویس)"
     r"|^\s+(?:zu\s+)?(?:antworten|schreiben|sprechen|formulieren|antwoorden|schrijven)"
 )
@@ -176,7 +187,8 @@ _FOLLOW = re.compile(
 _OWN_PREFIX = re.compile(
     r"^(?:(?:and|but|also|then|y|e|et|und|и|і|αλλά|ma|mais|aber|pero|mas|но|але|ale|maar|men)\s+)?"
     r"(?:(?:switch|go|come|let's\s+go)\s+)?(?:back\s+to\s+)?"
-    r"(?:(?:just|simply|gewoon|einfach|simplement|просто)\s+)?"
+    r"(?:(?:just|simply|gewoon|einfach|simplement|просто|now|maintenant|ahora|agora|jetzt|adesso"
+    r"|теперь|teraz|nu)\s+)?"
     r"(?:(?:please|pls|plz|kindly|only|just|all"
     r"|por\s+favor|s'il\s+te\s+pla[iî]t|bitte|per\s+favore|пожалуйста|not|no|non|nicht|pas"
     r"|όχι|не|nie|ne|não|nem)\s+)*"
@@ -188,7 +200,8 @@ _OWN_SUFFIX = re.compile(
     r"^(?:\s*,?\s*(?:please|pls|plz|only|language|language\s+only|thanks|thank\s+you|por\s+favor"
     r"|porfa|solamente|solo|s'il\s+te\s+pla[iî]t|s'il\s+vous\s+pla[iî]t|stp|svp|seulement|bitte"
     r"|nur|per\s+favore|soltanto|apenas|somente|пожалуйста|только|лише|будь\s+ласка|proszę"
-    r"|tylko|prosím|tack|lütfen|tolong|ya|nhé))*\s*$"
+    r"|tylko|prosím|tack|lütfen|tolong|ya|nhé|now|maintenant|ahora|agora|jetzt|adesso|теперь"
+    r"|teraz|from\s+now\s+on|d[ée]sormais|a\s+partir\s+de\s+ahora|ab\s+jetzt))*\s*$"
 )
 # "in X please" closing a part whatever comes before it: "kurz und auf Deutsch bitte".
 _PLEASE = re.compile(

@@ -114,14 +114,31 @@ class Proxy:
         self.client = httpx.Client(base_url=self.server.url, timeout=60)
 
     def detections(self) -> Counter[tuple[str, str]]:
+        """Verdicts by (signal, action), and ``("", "generations")``: generations ended."""
         out: Counter[tuple[str, str]] = Counter()
         for metric in self.metrics.quality_registry.collect():
-            if metric.name != "guard_detections":
+            if metric.name not in ("guard_detections", "guard_generations"):
                 continue
             for sample in metric.samples:
-                if sample.name.endswith("_total"):
+                if not sample.name.endswith("_total"):
+                    continue
+                if metric.name == "guard_generations":
+                    out[("", "generations")] += int(sample.value)
+                else:
                     out[(sample.labels["signal"], sample.labels["action"])] += int(sample.value)
         return out
+
+    def settled(self, before: Counter[tuple[str, str]]) -> Counter[tuple[str, str]]:
+        """The counters once this request's generation is counted as ended: the relay counts
+        it as it closes, which may come a moment after the client read the last byte, and a
+        verdict read too early would be given to the next request."""
+        deadline = time.monotonic() + 5
+        while True:
+            after = self.detections()
+            ended = after[("", "generations")] > before[("", "generations")]
+            if ended or time.monotonic() > deadline:
+                return after
+            time.sleep(0.002)
 
     def send(self, shape: dict[str, Any]) -> tuple[list[tuple[str, str]], str, int]:
         """The verdicts this request added, the x-guard-language header, the status."""
@@ -136,8 +153,8 @@ class Proxy:
                 pass
             status = r.status_code
             said = r.headers.get("x-guard-language", "")
-        after = self.detections()
-        added = [key for key in after if after[key] > before.get(key, 0)]
+        after = self.settled(before) if status == 200 else self.detections()
+        added = [k for k in after if k[0] and after[k] > before.get(k, 0)]
         return added, said, status
 
     def close(self) -> None:
