@@ -7,10 +7,11 @@ the one a request demands outright (``required``). The expectation the proxy der
 every language a correct answer may be in (an answer in it is never cut for its language), and
 ``GUARD_LANGUAGE=auto`` may inject only a language the shape requires or declares.
 
-The ``dev`` shapes were read while the rule was written; the ``held`` and ``third`` shapes were each
-measured once before they were read (``docs/language.md`` has the figures before and after). These
-are the derivation half of what ``bench/measure/language/measure_language_blind.py`` measures
-through a running proxy with real answers.
+The ``dev`` shapes were read while the rule was written; the ``held``, ``third`` and ``fourth``
+shapes were each measured once before they were read (``docs/language.md`` has the figures
+before and after). These are the derivation half of what
+``bench/measure/language/measure_language_blind.py`` measures through a running proxy with real
+answers.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ SHAPES = [
         "language_shapes_dev.jsonl",
         "language_shapes_held.jsonl",
         "language_shapes_third.jsonl",
+        "language_shapes_fourth.jsonl",
     )
     for line in (DATA / name).read_text(encoding="utf-8").splitlines()
     if line.strip()

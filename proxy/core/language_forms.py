@@ -87,6 +87,13 @@ _WRITE_TEXT = re.compile(
     r"|entire|full|same|short|long|new|brief|formal|friendly|polite|simple)\s+)+(?:[\w'-]+\s+){1,5}"
     r"in\s+(?:the\s+)?" + _STYLE + r"$"
 )
+# A text to write that is code or data ("a python function that returns 'Hello' in French", "the
+# UI strings in Spanish"): its language is the data's, the answer around it may be another.
+_WRITE_DATA = re.compile(
+    r"(?<![\w])(?:function|script|code|program|class|method|query|regex|json|yaml|csv|xml|file"
+    r"|strings?|array|dictionary|dict|variables?|snippet|tests?|sql|html|api|returns?|prints?"
+    r"|outputs?|keys|labels|locale|i18n|translations?)(?![\w])"
+)
 _WRITE_FOLLOW = re.compile(
     r"^(?:\s*$|\s*[.!?;:,)(\u2014\u2013]|\s+(?:please|pls|plz|only|too|as\s+well)(?![\w]))"
 )
@@ -113,16 +120,17 @@ _BEFORE: tuple[re.Pattern[str], ...] = tuple(
         r"|always))?\s+(?:in|using)\s+(?:the\s+)?" + _STYLE,
         # Spanish, Portuguese, French, Italian, German, Dutch, Swedish
         r"(?<![\w])(?:respond\w*|contest\w*|escrib\w*|escrev\w*|habl\w*|fal[ae]\w*|r[ée]pond\w*"
-        r"|[ée]cri[sv]\w*|parl\w*|rispond\w*|scriv\w*)(?:-moi|-nous)?(?:\s+(?:me|mi|nos|moi"
+        r"|[ée]cri[sv]\w*|parl\w*|rispond\w*|scriv\w*|explic\w*|expliqu\w*|spieg\w*)(?:-moi|-nous)?(?:\s+(?:me|mi|nos|moi"
         r"|siempre|sempre|toujours|solo|sólo|só|so|solamente|únicamente|unicamente|apenas"
         r"|somente|exclusivamente|esclusivamente|soltanto|uniquement|seulement|exclusivement"
         r"|por\s+favor|porfa|per\s+favore|stp|svp|s'il\s+te\s+pla[iî]t|s'il\s+vous\s+pla[iî]t"
-        r"|todo|tudo|tout|tutto|pas|no|não|non))*\s+(?:en|em|in|no|na)\s+(?:idioma\s+|língua\s+"
+        r"|todo|tudo|tout|tutto|pas|no|não|non|nunca|jamais|jamás|mai))*\s+(?:en|em|in|no|na)\s+(?:idioma\s+|língua\s+"
         r"|lingua\s+|langue\s+)?" + r"(?:el\s+|o\s+|l')?",
         r"(?<![\w])(?:antwort\w*|schreib\w*|sprich|sprecht|sprechen|antwoord\w*|schrijf\w*"
         r"|spreek\w*|svara|skriv)(?:\s+(?:sie|mir|uns|bitte|nur|immer|ausschließlich"
         r"|ausschliesslich|stets|nicht|ab\s+jetzt|von\s+nun\s+an|me|altijd|alleen|uitsluitend"
-        r"|alsjeblieft|aub|graag|alltid|bara|endast|gärna))*\s+(?:auf|in|på)\s+(?:het\s+)?",
+        r"|alsjeblieft|aub|graag|alltid|bara|endast|gärna|niemals|nie|keinesfalls|nooit|aldrig))*"
+        r"\s+(?:auf|in|på)\s+(?:het\s+)?",
         # Russian, Ukrainian, Polish, Czech
         r"(?<![\w])(?:отвеча\w*|ответ\w*|пиш\w*|напиш\w*|говор\w*|відповіда\w*|відповід\w*"
         r"|odpowiad\w*|odpowiedz\w*|pisz|napisz\w*|odpovídej|odpověz\w*|piš|napiš\w*)"
@@ -165,6 +173,7 @@ _AFTER = re.compile(
     r"|^\s+(?:me|mein|mai|main|mei|mey)\s+(?:hi\s+)?(?:samjha\w*|bata\w*|likh\w*|jawab|bol\w*"
     r"|baat|reply|answer|explain)(?![\w])"
     r"|^\s+(?:پاسخ|جواب|بنویس)"
+    r"|^\s+(?:উত্তর|জবাব|লিখুন|লেখো|লিখে)"
     r"|^\s+(?:zu\s+)?(?:antworten|schreiben|sprechen|formulieren|antwoorden|schrijven)"
 )
 # Before a Persian name: "به زبان X پاسخ بده".
@@ -176,6 +185,7 @@ _FOLLOW = re.compile(
     r"^(?:$|[\s]*[,:;.!?)\"'»“”–—(]|\s+(?:please|pls|plz|only|language|and|or|then|so|from"
     r"|too|also|even|again|instead|as|not|no|rather|but|if|here|below|always|throughout"
     r"|for\s+(?:all|every|each|your|this|the\s+rest|the\s+whole)|in\s+(?:all|every|each|your)"
+    r"|for\s+(?:the|your)\s+(?:explanation|answer|reply|response)"
     r"|at\s+all|with\s+(?:me|us)"
     r"|thanks|thank|going|por|favor|porfa|solo|solamente|s'il|stp|svp|seulement|bitte|nur"
     r"|und|per|soltanto|apenas|só|язык\w*|мовою|только|лише|тільки|пожалуйста|будь|proszę"
@@ -421,9 +431,12 @@ def _is_form(clause: str, name: Name, before: str, after: str) -> bool:
         return True
     if _own_clause(clause, name):
         return True
-    return _WRITE_FOLLOW.match(after) is not None and bool(
-        _WRITE_TEXT.search(before) or _EXPLAIN_IT.search(before)
-    )
+    if _WRITE_FOLLOW.match(after) is None:
+        return False
+    written = _WRITE_TEXT.search(before)
+    if written is not None:
+        return _WRITE_DATA.search(written[0]) is None
+    return _EXPLAIN_IT.search(before) is not None
 
 
 def _clause_start(clause: str, at: int) -> int:
@@ -441,6 +454,10 @@ def _own_clause(clause: str, name: Name) -> bool:
     move?")."""
     for part in _PART.finditer(clause):
         if part.start() <= name.start and name.end <= part.end():
+            if clause[part.start() - 1 : part.start()] in (")", "]", "）"):
+                # "keep the terms (over, wicket, LBW) in English": after a bracket the part
+                # goes on with the words before it, it is no clause of its own
+                return False
             lead = clause[part.start() : name.start].strip()
             ends = (clause[name.end : part.end()], clause[name.end :])
             tails = [t.rstrip(" .!?;。！？") for t in ends]

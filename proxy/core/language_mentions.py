@@ -99,13 +99,15 @@ def _lookup(clause: str, words: list[re.Match[str]], i: int, codes: dict[str, st
     if len(word) < (3 if hangul else 6) or _UNSPACED.search(head):
         return None
     cyrillic = "\u0400" <= head <= "\u052f"
+    # Bengali to Malayalam write case endings onto the word ("ইংরেজিতে", in English)
+    indic = "\u0980" <= head <= "\u0dff"
     for cut in range(1, 5):
         stem, tail = word[:-cut], word[-cut:]
         if len(stem) < (2 if hangul else 5) or stem not in codes:
             continue
         if hangul:  # 영어로, 한국어로: the particle is the mark
             return Name(start, start + len(stem), codes[stem], False, stem)
-        if cyrillic or tail in LATIN_TAILS:
+        if cyrillic or indic or tail in LATIN_TAILS:
             return Name(start, end, codes[stem], True, stem)
     return None
 

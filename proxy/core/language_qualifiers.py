@@ -53,6 +53,8 @@ CONDITION = re.compile(
     r"(?<![\w])(?<!even )(?<!auch )(?<!même )(?<!meme )(?<!anche )(?<!mesmo )(?<!incluso )"
     r"(?:if|unless|when|whenever|in case|otherwise|else|depending|whichever|either"
     r"|regardless(?= of whether)|any other|all other|same language|user'?s language"
+    r"|for\s+(?:users|customers|clients|people|visitors|members|anyone|those)\s+(?:with|who|whose"
+    r"|from|in|using|speaking|on)"
     r"|customer'?s language|language of the (?:user|customer|question|message|client)"
     r"|matching|match the|may|feel free|also fine|is fine|are fine|is ok|is okay|prefer"
     r"|si|sino|cuando|a menos que|salvo que|según|de lo contrario|mismo idioma|cualquier otr[oa]"

@@ -172,9 +172,11 @@ _ALTERNATIVE = 0.10
 _SEGMENT_CONFIDENCE = 0.5
 _SEGMENT_LETTERS = 20
 _MAX_SEGMENTS = 40
-_SEGMENTS = re.compile(
-    r"[^\n]+|\"[^\"\n]{8,}\"|“[^”\n]{8,}”|«[^»\n]{8,}»|「[^」\n]{4,}」|'[^'\n]{8,}'"
-)
+_LINES = re.compile(r"[^\n]+")
+_QUOTE_SPANS = re.compile(r"\"[^\"\n]{8,}\"|“[^”\n]{8,}”|«[^»\n]{8,}»|「[^」\n]{4,}」|'[^'\n]{8,}'")
+# The sentences of a turn that writes more than one (a Portuguese sentence, then an English
+# question): each is a segment of its own.
+_SENTENCES = re.compile(r"[^.!?。！？\n]+[.!?。！？]*")
 # Code, and text in quotes, is what the user shows rather than what they write: the turn's own
 # language is read without it (a Chinese request to summarise a quoted English paragraph is
 # Chinese), and its language is added apart.
@@ -209,6 +211,12 @@ _SWAHILI = frozenset((
     "nataka", "kujua", "hapa", "bila", "kubwa", "niaje", "sana", "kwa", "gani", "habari",
     "tafadhali", "asante", "naomba", "jinsi", "kama", "lakini", "sasa", "hii", "hiyo", "yangu",
     "wangu", "nini", "wapi", "lini", "ndiyo", "hapana", "nina", "sina", "kuna", "tu", "pia",
+))  # fmt: skip
+# Tagalog mixed with English (Taglish): words no other language writes as often.
+_TAGALOG = frozenset((
+    "ang", "ng", "mga", "yung", "yun", "kasi", "parang", "lang", "naman", "po", "ako", "ko",
+    "mo", "siya", "natin", "namin", "hindi", "wala", "ano", "paano", "bakit", "ito", "talaga",
+    "pero", "kung", "din", "rin", "ba", "laging", "kulang", "sana", "nga", "pala", "diba",
 ))  # fmt: skip
 # Arabic written in Latin letters and digits ("3afak", "n9der", "7abibi"): Arabic too (one such
 # word is enough to widen; "b2b" in an English turn only adds a language).
@@ -280,13 +288,19 @@ def turn_languages(text: str) -> tuple[str | None, frozenset[str]]:
         out |= {"hi", "ur", "en"}  # Hinglish and Roman Urdu mix in English as a rule
     if len(_SWAHILI & words) >= 2:
         out |= {"sw", "en"}  # and so does Sheng
+    if len(_TAGALOG & words) >= 3:
+        out |= {"tl", "en"}  # and Taglish
     if _ARABIZI.search(text.lower()):
         out.add("ar")  # Arabizi, which mixes in English words as Hinglish does
         if _mixed_english(strip_noise(own) or clean, None):
             out.add("en")
     if main is not None and len(words) >= 4:
         out |= _mixed_foreign(strip_noise(own) or clean, main)
-    pieces = [m[0] for m in _SEGMENTS.finditer(text)]
+    pieces = [m[0] for m in _LINES.finditer(text)]
+    pieces += [m[0] for m in _QUOTE_SPANS.finditer(text)]
+    sentences = [m[0] for m in _SENTENCES.finditer(text)]
+    if len(sentences) > 1:
+        pieces += sentences
     if _SCRIPTED.search(clean) and _LATIN_WORD.search(low):
         pieces += [m[0] for m in _LATIN_RUN.finditer(clean)]  # the Latin stretches of a mix
         pieces.append(_LATIN_RUN.sub(" ", clean))  # and the rest
@@ -299,4 +313,11 @@ def turn_languages(text: str) -> tuple[str | None, frozenset[str]]:
         found = classify(piece)
         if found is not None and found[1] >= _SEGMENT_CONFIDENCE and len(found[0]) == 2:
             out.add(_MERGED.get(found[0], found[0]))
+    if main is None and out:
+        # A turn of no sure language (code-switched: "oye so my jefe wants me to hacer un
+        # reporte…") that still made a set (its English words, a segment) would narrow to
+        # that set: what identification finds likely for the whole turn widens it again.
+        for code, prob in classify_top(strip_noise(own)[:4000] or clean[:4000], 3):
+            if prob >= _ALTERNATIVE and len(code) == 2:
+                out.add(_MERGED.get(code, code))
     return main, frozenset(out)

@@ -12,8 +12,9 @@ certainty allows (the table is in ``docs/language.md``):
   code; from any system/developer text or user turn, the latest winning. It narrows what is
   accepted to X, and only it tells ``auto`` what to inject.
 * **The conversation's own languages** — what every user turn is written in (English
-  included), with the languages identification finds nearly as likely for a short turn, and
-  the languages of text a turn quotes or pastes. Accepted.
+  included), with the languages identification finds nearly as likely for a short turn, the
+  languages of text a turn quotes or pastes, and the language of the model's own earlier
+  answers. Accepted.
 * **Read from the text** — every language named anywhere in the request (a subject, an
   adjective, a condition, a translation's target). Only ever *added* to what is accepted.
 * **Negation** ("do not answer in X", "no me contestes en X") removes X and narrows nothing else.
@@ -55,7 +56,7 @@ SOURCES: tuple[Source, ...] = ("request", "prompt", "config", "none")
 Strength = Literal["strong", "weak", "none"]
 STRENGTHS: tuple[Strength, ...] = ("strong", "weak", "none")
 #: Who wrote a text of the request: the operator (system, developer, Responses instructions,
-#: Messages system), the user, or the model (earlier answers, never read).
+#: Messages system), the user, or the model (earlier answers, read for their language only).
 Role = Literal["system", "user", "assistant"]
 
 
@@ -200,13 +201,20 @@ def derive(turns: Sequence[tuple[Role, str]], *, use_prompt: bool = True) -> Exp
     #: tienda…" with an English question). One that makes a rule ("Reply in the user's
     #: language.") is read for its rule alone.
     written: set[str] = set()
+    #: The languages the model's own earlier answers in this conversation are in: going on in
+    #: one of them is no drift ("Hallo!" answered in German, then an English question).
+    answered: set[str] = set()
     any_language = translation = False
     last_user = next((t for r, t in reversed(turns) if r == "user" and t), None)
     #: Whether the instruction holds for the last answer, and the languages named after it.
     holds = True
     named_after: set[str] = set()
     for role, text in turns:
-        if role == "assistant" or not text:
+        if not text:
+            continue
+        if role == "assistant":
+            if use_prompt and (code := memo.language(text)) is not None:
+                answered.add(code)
             continue
         reading = memo.reading(text)
         named |= reading.named
@@ -252,7 +260,7 @@ def derive(turns: Sequence[tuple[Role, str]], *, use_prompt: bool = True) -> Exp
         # No user turn's language is known: what the request names alone says too little of
         # what the answer may be in ("Tafsiri kwa Kiingereza …", Swahili, names only English).
         return NONE
-    accepted = (conversation | named | instructed | operator | written) - negated
+    accepted = (conversation | named | instructed | operator | written | answered) - negated
     if not accepted:
         return Expectation(None, "none", "negated" if negated else "unknown")
     if primary not in accepted:
