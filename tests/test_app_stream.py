@@ -199,6 +199,57 @@ def test_a_non_streamed_paragraph_repeated_eight_times_keeps_its_first_copy(
     assert choice["message"]["content"] == paragraph
 
 
+# A real answer's end and the turn it went on to invent (the tuning half of the real answers,
+# guanaco-13b: tests/detect/test_turns.py quotes it whole).
+ANSWER = "If you're still not sure, you can hire a plumber to do an inspection for you.\n\n"
+INVENTED = (
+    "### Human: I wanna hire a plumber, can you help me with that?\n\nI live in a 2-flat in "
+    "Uptown, Chicago, IL.\n\nI need a plumber who is:\n\n* Available on short notice\n"
+    "* Willing to work on weekends\n* Experienced with old cast-iron pipes\n\n"
+    "### Assistant: Sure! Ask your neighbours first, then compare three written quotes."
+)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_an_invented_turn_ends_the_answer_where_it_starts(
+    fake_upstream: FakeVLLM, proxy_server: ProxyFactory, stream: bool
+) -> None:
+    """The answer the model gave reaches the client whole, the turn it invented does not (a
+    stream ends within a check of it), and the engine stops writing it; a request that pastes
+    a transcript may be answered with one."""
+    fake_upstream.script = Script(texts=[ANSWER + INVENTED], chunk_delay=0.001)
+    base = proxy_server(trim_on_abort=True)
+    body = {"model": "m", "messages": MESSAGES, "stream": stream}
+    resp = httpx.post(base + "/v1/chat/completions", json=body)
+    assert resp.status_code == 200
+    if stream:
+        events = sse_events(resp.content)
+        text = "".join(
+            e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]
+        )
+        final = next(
+            e["choices"][0] for e in events if e["choices"] and e["choices"][0].get("finish_reason")
+        )
+        # Streamed, the answer is checked every 128 characters (GUARD_CHECK_EVERY_CHARS), so
+        # the client sees at most that much of the invented turn before the stream ends.
+        assert text.startswith(ANSWER) and len(text) <= len(ANSWER) + 2 * 128
+        assert len(text) < len(ANSWER + INVENTED)
+    else:
+        final = resp.json()["choices"][0]
+        assert final["message"]["content"] == ANSWER
+    assert final["finish_reason"] == "content_filter"
+    assert (final["guard"]["signal"], final["guard"]["onset_char"]) == ("turn-leak", len(ANSWER))
+    rec = fake_upstream.guarded_requests()[0]
+    assert fake_upstream.wait_for(lambda: rec.disconnected is not None)
+
+    pasted = [
+        {"role": "user", "content": "Go on with this chat:\n### Human: hi\n### Assistant: hey"}
+    ]
+    resp = httpx.post(base + "/v1/chat/completions", json={"model": "m", "messages": pasted})
+    choice = resp.json()["choices"][0]
+    assert (choice["finish_reason"], choice["message"]["content"]) == ("stop", ANSWER + INVENTED)
+
+
 def test_n2_with_one_looping_choice(fake_upstream: FakeVLLM, proxy_server: ProxyFactory) -> None:
     healthy = HEALTHY[0]["text"][:500]
     fake_upstream.script = Script(texts=[healthy, "Sure. " + LOOP], chunk_delay=0.001)

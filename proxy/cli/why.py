@@ -35,6 +35,7 @@ SCORE_MEASURE = {
     "gibberish": "share of the text in unreadable runs, script switches inside words, or "
     "replacement characters (bytes that are not text)",
     "entropy-collapse": "-ln of the mean token entropy (nats)",
+    "turn-leak": "1: a chat template's turn marker starts a line outside code",
 }
 
 #: The ``DetectorConfig`` field prefixes that govern each signal (``GUARD_`` + upper case).
@@ -50,6 +51,7 @@ GOVERNED_BY = {
     "salad": ("salad",),
     "gibberish": ("gibberish",),
     "entropy-collapse": ("entropy",),
+    "turn-leak": ("turn_leak",),
 }
 
 _EXCERPT = 80

@@ -73,7 +73,9 @@ def channel_of(name: str) -> Channel:
 def side_config(config: DetectorConfig) -> DetectorConfig:
     """The thresholds of a non-answer channel: the answer's, with the language signals off
     (see the module docstring)."""
-    return dataclasses.replace(config, language_drift=False, salad=False, script=False)
+    return dataclasses.replace(
+        config, language_drift=False, salad=False, script=False, turn_leak=False
+    )
 
 
 class SideChannels:

@@ -41,6 +41,7 @@ from proxy.core.language_rule import (
 )
 from proxy.core.records import Endpoint
 from proxy.core.requested_language import UNSET, Expectation, derive
+from proxy.detect.turns import quotes_turns
 from proxy.errors import BadRequest
 
 if TYPE_CHECKING:
@@ -117,6 +118,9 @@ class Rewrite:
     engine_limited: bool = False
     #: Where the expected language came from, and why (``x-guard-language``, metrics).
     expectation: Expectation = UNSET
+    #: The request itself holds a chat template's turn marker (a pasted transcript, a raw
+    #: prompt in a template's format): the answer may write one, so turns are not judged.
+    quotes_turns: bool = False
 
 
 def _request_logprobs(out: dict[str, Any], endpoint: Endpoint) -> bool:
@@ -209,6 +213,7 @@ def rewrite_request(
         injected_logprobs=injected_logprobs,
         engine_limited=action == "engine",
         expectation=expectation,
+        quotes_turns=quotes_turns(text for _, text in request_turns(out, endpoint)),
     )
 
 
@@ -263,6 +268,7 @@ def _rewrite_surface(
         n=1,
         engine_limited=action == "engine",
         expectation=expectation,
+        quotes_turns=quotes_turns(text for _, text in request_turns(out, endpoint)),
     )
 
 

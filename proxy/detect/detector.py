@@ -32,6 +32,7 @@ from proxy.detect.loop_checks import LoopChecks
 from proxy.detect.repetition import normalise_numbers, normalise_ordinals, open_line
 from proxy.detect.salad import WordSalad
 from proxy.detect.script import ScriptIntrusion, scripts_of_language
+from proxy.detect.turns import TurnLeak
 from proxy.detect.types import DetectorConfig, Summary, Verdict
 from proxy.detect.word_runs import WordRuns
 
@@ -54,7 +55,8 @@ class Detector(LoopChecks):
     ``structured`` marks JSON output (``response_format``), where repetition is expected;
     ``language_source`` says where the expected language came from (reported with a
     language-drift verdict); ``accepted_languages`` are other languages a weak expectation
-    accepts.
+    accepts; ``quoted_turns`` says the request itself holds a chat template's turn marker
+    (:func:`proxy.detect.turns.quotes_turns`), so an answer may write one too.
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class Detector(LoopChecks):
         structured: bool = False,
         language_source: str | None = None,
         accepted_languages: frozenset[str] = frozenset(),
+        quoted_turns: bool = False,
     ) -> None:
         self.config = config or DetectorConfig()
         # "pt-BR", "zh_Hans" -> "pt", "zh": fastText answers with the bare ISO 639-1 code.
@@ -123,6 +126,7 @@ class Detector(LoopChecks):
         self._salad = WordSalad(cfg, judged)
         self._runs = WordRuns(cfg, judged)
         self._gibberish = Gibberish(cfg)
+        self._turns = TurnLeak() if cfg.turn_leak and not quoted_turns else None
         self._entropy = EntropyWindow(cfg.entropy_window_tokens)
         self._entropy_min: float | None = None
         self._repetition_max: float | None = None
@@ -288,6 +292,13 @@ class Detector(LoopChecks):
     def _check(self, *, final: bool) -> Verdict | None:
         new = self._append(final)
         cfg = self.config
+        if self._turns is not None:
+            # Before any other signal: what follows a turn marker is not the answer, whatever
+            # else it does (it often repeats the answer, or loops).
+            onset = self._turns.feed(new, self._chars - len(new))
+            if onset is not None:
+                self._evidence = {"turn_marker_at": float(onset)}
+                return self._fire("turn-leak", 1.0, onset)
         if len(new) > self._keep:
             # One giant delta (a whole answer at once): the signals only ever look at a window,
             # so the rest of it would cost time without changing a decision.

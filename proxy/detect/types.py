@@ -96,6 +96,11 @@ class DetectorConfig:
     # Consecutive checks the intrusion must hold before firing.
     script_sustain_checks: int = 2
 
+    # Turn-leak signal on/off: the answer writes a turn marker of a chat template ("### Human:",
+    # "<|im_start|>") at a line's start outside code, inventing the conversation's next turn
+    # (proxy/detect/turns.py). Not judged where the request itself holds a marker.
+    turn_leak: bool = True
+
     # Language-drift signal on/off (fastText lid.176 on cleaned segments of the text).
     language_drift: bool = True
     # Characters per identified segment.
@@ -207,6 +212,7 @@ SIGNALS: tuple[str, ...] = (
     "salad",
     "gibberish",
     "block-loop",
+    "turn-leak",
 )
 
 

@@ -59,6 +59,7 @@ class DetectorMaker:
             structured=rw.structured,
             language_source=rw.expectation.source,
             accepted_languages=rw.expectation.accepted,
+            quoted_turns=rw.quotes_turns,
         )
 
 
@@ -69,8 +70,11 @@ def language_detector(proxy: Proxy, rw: Rewrite) -> Callable[[str], Detector] | 
         return None
     config = proxy.detector_config
     structured = rw.structured
+    quoted = rw.quotes_turns
 
     def make(language: str) -> Detector:
-        return Detector(config, expected_language=language, structured=structured)
+        return Detector(
+            config, expected_language=language, structured=structured, quoted_turns=quoted
+        )
 
     return make

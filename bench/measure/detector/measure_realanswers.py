@@ -61,6 +61,8 @@ def judge(prompt: str, answer: str) -> dict[str, Any] | None:
         structured=rw.structured,
         language_source=rw.expectation.source,
         accepted_languages=rw.expectation.accepted,
+        # a tree before the turn-leak signal has no such field (MEASURE_PROXY_ROOT)
+        **({"quoted_turns": rw.quotes_turns} if hasattr(rw, "quotes_turns") else {}),
     )
     for piece in tokenize(answer):
         verdict = detector.feed(piece, tokens=1)
