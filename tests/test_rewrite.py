@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -384,3 +385,39 @@ def test_client_language_wins_and_config_beats_the_request() -> None:
         rewrite_request(body, "chat", RewritePolicy(expect_language="off")).expected_language
         is None
     )
+
+
+MARKED = "Go on with this chat:\n### Human: hi\n### Assistant: hello"
+PLAIN = "Go on with this chat:\nHuman: hi\nAssistant: hello"
+BODIES: list[tuple[Endpoint, Callable[[str], dict[str, Any]]]] = [
+    ("chat", lambda t: {"messages": [{"role": "user", "content": t}]}),
+    (
+        "chat",
+        lambda t: {
+            "messages": [{"role": "system", "content": t}, {"role": "user", "content": "Hi"}]
+        },
+    ),
+    ("completions", lambda t: {"prompt": t}),
+    ("responses", lambda t: {"input": t}),
+    ("responses", lambda t: {"instructions": t, "input": [{"role": "user", "content": "Hi"}]}),
+    (
+        "messages",
+        lambda t: {
+            "system": [{"type": "text", "text": t}],
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 16,
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "body"), BODIES)
+def test_a_request_that_holds_a_turn_marker_is_not_judged_for_turns(
+    endpoint: Endpoint, body: Callable[[str], dict[str, Any]]
+) -> None:
+    """Wherever a surface carries the request's text, a marker in it tells the detector that an
+    answer may write one too (proxy/detect/turns.py); the same request without the markers'
+    hashes is judged."""
+    marked = rewrite_request({"model": "m", **body(MARKED)}, endpoint, RewritePolicy())
+    plain = rewrite_request({"model": "m", **body(PLAIN)}, endpoint, RewritePolicy())
+    assert (marked.quotes_turns, plain.quotes_turns) == (True, False)
