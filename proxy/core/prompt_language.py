@@ -304,7 +304,8 @@ def turn_languages(text: str) -> tuple[str | None, frozenset[str]]:
     if _SCRIPTED.search(clean) and _LATIN_WORD.search(low):
         pieces += [m[0] for m in _LATIN_RUN.finditer(clean)]  # the Latin stretches of a mix
         pieces.append(_LATIN_RUN.sub(" ", clean))  # and the rest
-    for piece in pieces[:_MAX_SEGMENTS]:
+    # A line that is one sentence, or one quoted span, is identified once.
+    for piece in list(dict.fromkeys(pieces))[:_MAX_SEGMENTS]:
         piece = strip_noise(piece)
         # Letters of scripts written without spaces weigh a word each (three letters' worth).
         weight = len(_LETTER.findall(piece)) + 2 * len(_WIDE.findall(piece))

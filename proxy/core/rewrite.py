@@ -40,7 +40,7 @@ from proxy.core.language_rule import (
     request_turns,
 )
 from proxy.core.records import Endpoint
-from proxy.core.requested_language import UNSET, Expectation, derive
+from proxy.core.requested_language import UNSET, Expectation, Role, derive
 from proxy.detect.turns import quotes_turns
 from proxy.errors import BadRequest
 
@@ -185,7 +185,8 @@ def rewrite_request(
 
     _apply_sampling_defaults(out, model, policy.sampling_defaults)
     max_tokens, action, header = _limit_max_tokens(out, endpoint, policy, engine_limit)
-    expectation = expect_language(out, endpoint, policy, language)
+    turns = request_turns(out, endpoint)
+    expectation = expect_language(out, endpoint, policy, language, turns=turns)
     injected = constrain_language(out, endpoint, policy.language, expectation)
 
     out["stream"] = True
@@ -213,7 +214,7 @@ def rewrite_request(
         injected_logprobs=injected_logprobs,
         engine_limited=action == "engine",
         expectation=expectation,
-        quotes_turns=quotes_turns(text for _, text in request_turns(out, endpoint)),
+        quotes_turns=quotes_turns(text for _, text in turns),
     )
 
 
@@ -248,7 +249,8 @@ def _rewrite_surface(
         }
         _apply_sampling_defaults(out, model, defaults)
     max_tokens, action, header = _limit_surface_tokens(out, endpoint, policy, engine_limit)
-    expectation = expect_language(out, endpoint, policy, language)
+    turns = request_turns(out, endpoint)
+    expectation = expect_language(out, endpoint, policy, language, turns=turns)
     injected = constrain_surface_language(out, endpoint, policy.language, expectation)
     out["stream"] = True
     fmt = out.get("text")
@@ -268,7 +270,7 @@ def _rewrite_surface(
         n=1,
         engine_limited=action == "engine",
         expectation=expectation,
-        quotes_turns=quotes_turns(text for _, text in request_turns(out, endpoint)),
+        quotes_turns=quotes_turns(text for _, text in turns),
     )
 
 
@@ -403,7 +405,12 @@ def _limit_max_tokens(
 
 
 def expect_language(
-    body: dict[str, Any], endpoint: Endpoint, policy: RewritePolicy, header: str | None = None
+    body: dict[str, Any],
+    endpoint: Endpoint,
+    policy: RewritePolicy,
+    header: str | None = None,
+    *,
+    turns: list[tuple[Role, str]] | None = None,
 ) -> Expectation:
     """The languages the answer may be in (see :mod:`proxy.core.requested_language`).
 
@@ -412,6 +419,7 @@ def expect_language(
     instruction narrows, everything else (the conversation's own languages, English included,
     and every language named) only widens what is accepted. With no instruction to inject
     (``GUARD_LANGUAGE=off``), ``GUARD_EXPECT_LANGUAGE=off`` keeps only what is declared.
+    ``turns`` are the body's :func:`request_turns` when the caller has them already.
     """
     if header is not None:
         if header in ("none", "off"):
@@ -422,7 +430,7 @@ def expect_language(
         return Expectation(setting, "config", "config")
     if setting == "off" and policy.expect_language != "prompt":
         return Expectation(None, "none", "off")
-    return derive(request_turns(body, endpoint))
+    return derive(turns if turns is not None else request_turns(body, endpoint))
 
 
 def _is_structured(body: dict[str, Any]) -> bool:

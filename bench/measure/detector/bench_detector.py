@@ -3,10 +3,11 @@
 Streams texts through :class:`proxy.detect.Detector` in the same token-sized deltas the score
 CLI uses and reports characters per second of detector time (one core) and the peak memory one
 detector holds after a long stream. ``--block-loop`` adds the block-loop signal, which is off by
-default. Run::
+default; ``--no-turn-leak`` leaves out the turn-leak signal (what it costs is the difference).
+Run::
 
     python bench/measure/detector/bench_detector.py [CORPUS.jsonl] [--limit N] [--repeat R]
-        [--block-loop]
+        [--block-loop] [--no-turn-leak]
 
 Without a corpus it uses the texts under ``tests/data/detect/``. Not a test: timings are
 reported, never asserted.
@@ -106,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--block-loop", action="store_true", help="the block-loop signal on too")
+    parser.add_argument("--no-turn-leak", action="store_true", help="the turn-leak signal off")
     args = parser.parse_args(argv)
-    config = DetectorConfig(block_loop=True) if args.block_loop else DetectorConfig()
+    config = DetectorConfig(block_loop=args.block_loop, turn_leak=not args.no_turn_leak)
     texts = _texts(args.corpus, args.limit)
     deltas = [list(split_deltas(t)) for t in texts]
     chars = sum(len(t) for t in texts)
